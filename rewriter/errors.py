@@ -1,0 +1,57 @@
+"""The one error hierarchy of Strata; server/api/errors.py maps it onto HTTP codes."""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base of every error Strata reports to a user."""
+
+
+class InvalidSQL(StrataError):
+    """The statement is not valid SQL, or not a CREATE STREAM statement."""
+
+
+class UnsupportedSQL(StrataError):
+    """The statement is valid SQL but uses something Strata does not support (yet)."""
+
+
+class UnknownStream(StrataError):
+    """A statement or request names a stream that does not exist."""
+
+
+class StreamExists(StrataError):
+    """CREATE STREAM names a stream (or another relation) that already exists."""
+
+
+class StreamInUse(StrataError):
+    """DROP of a stream that other streams are derived from."""
+
+
+class RunFormatError(StrataError):
+    """A run's body is malformed. Names the physical line (from 1), the column and the value."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        column: str | None = None,
+        value: str | None = None,
+    ) -> None:
+        self.line = line
+        self.column = column
+        self.value = value
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        prefix = ", ".join(where)
+        text = f"{prefix}: {message}" if prefix else message
+        if value is not None:
+            shown = value if len(value) <= 80 else value[:77] + "..."
+            text += f" (value: {shown!r})"
+        super().__init__(text)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": str(self), "line": self.line, "column": self.column, "value": self.value}

@@ -1,0 +1,67 @@
+"""Every derived object name in one place: schemas, archive tables, state and key columns.
+
+Nothing else in Strata spells these names; change them here and everything follows.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rewriter.errors import InvalidSQL
+
+# Internal tables (archives) live here; users read the views in PUBLIC_SCHEMA.
+INTERNAL_SCHEMA = "strata_internal"
+PUBLIC_SCHEMA = "public"
+CATALOG_SCHEMA = "strata_catalog"
+
+# Column holding the run (or reduced set) a partial row or raw row came from.
+RUN_COLUMN = "strata_run"
+WINDOW_START_COLUMN = "window_start"
+WINDOW_END_COLUMN = "window_end"
+
+# Name of the temporary Spark view a run's rows are registered under.
+RUN_ROWS_VIEW = "strata_run_rows"
+
+# Stream names must leave room for the longest suffix within PostgreSQL's 63 bytes.
+MAX_STREAM_NAME = 50
+_STREAM_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_RESERVED_PREFIX = "strata_"
+
+
+def check_stream_name(name: str) -> str:
+    """Return ``name`` if it is a valid stream name, else raise InvalidSQL saying why."""
+    if not _STREAM_NAME.match(name) or len(name) > MAX_STREAM_NAME:
+        raise InvalidSQL(
+            f"invalid stream name {name!r}: use lower-case letters, digits and underscores, "
+            f"starting with a letter or underscore, at most {MAX_STREAM_NAME} characters"
+        )
+    if name.startswith(_RESERVED_PREFIX):
+        raise InvalidSQL(f"invalid stream name {name!r}: the prefix {_RESERVED_PREFIX!r} is reserved")
+    return name
+
+
+def check_column_name(name: str) -> str:
+    if not _STREAM_NAME.match(name) or len(name) > 63:
+        raise InvalidSQL(
+            f"invalid column name {name!r}: use lower-case letters, digits and underscores, "
+            "starting with a letter or underscore, at most 63 characters"
+        )
+    if name in (RUN_COLUMN, WINDOW_START_COLUMN, WINDOW_END_COLUMN):
+        raise InvalidSQL(f"invalid column name {name!r}: it is reserved by Strata")
+    return name
+
+
+def raw_archive_table(stream: str) -> str:
+    return f"{stream}__raw"
+
+
+def partial_archive_table(stream: str) -> str:
+    return f"{stream}__partial"
+
+
+def key_column(index: int) -> str:
+    return f"key_{index}"
+
+
+def state_column(aggregate_index: int, state: str) -> str:
+    return f"agg_{aggregate_index}_{state}"

@@ -1,0 +1,221 @@
+"""Pass 3: split a grouped, windowed SELECT into partial (Spark) and final (PostgreSQL) parts.
+
+Group keys and aggregate arguments are evaluated by Spark on each run's rows; every
+aggregate becomes the state columns of its partial form (rewriter.registry); the
+SELECT list and HAVING are re-expressed over the partial archive's columns, with each
+aggregate replaced by its final form, for the consolidating view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from rewriter import naming
+from rewriter.errors import UnsupportedSQL
+from rewriter.expressions import infer_type, to_spark
+from rewriter.registry import is_aggregate, rule_for
+from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.types import SqlType
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    column: str
+    expression: exp.Expression  # as written, PostgreSQL
+    spark: exp.Expression
+    type: SqlType
+
+
+@dataclass(frozen=True)
+class StateColumn:
+    column: str
+    spark: exp.Expression  # Spark partial aggregate
+    pg_type: str
+    reduce: str  # PostgreSQL aggregate merging the state
+
+
+@dataclass(frozen=True)
+class SplitAggregate:
+    call: str  # the aggregate as written
+    states: tuple[StateColumn, ...]
+    final: exp.Expression  # PostgreSQL, over the partial archive's state columns
+    result_type: str
+
+
+@dataclass(frozen=True)
+class SplitQuery:
+    keys: tuple[GroupKey, ...]
+    aggregates: tuple[SplitAggregate, ...]
+    where_spark: exp.Expression | None
+    outputs: tuple[tuple[str, exp.Expression], ...]  # view SELECT items over the archive
+    having: exp.Expression | None
+
+
+_UNSUPPORTED_CLAUSES = {
+    "distinct": "SELECT DISTINCT",
+    "order": "ORDER BY",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "with_": "WITH (common table expressions)",
+    "windows": "WINDOW",
+    "qualify": "QUALIFY",
+}
+
+
+def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
+    for clause, shown in _UNSUPPORTED_CLAUSES.items():
+        if select.args.get(clause):
+            raise UnsupportedSQL(f"{shown} is not supported in a derived stream")
+    for node in select.find_all(exp.Subquery, exp.Window, exp.Filter):
+        kind = {exp.Subquery: "subqueries", exp.Window: "window functions (OVER)"}.get(
+            type(node), "FILTER (WHERE ...) on aggregates"
+        )
+        raise UnsupportedSQL(f"{kind} are not supported yet: {node.sql('postgres')!r}")
+    schema = {c.name: c.type for c in window.source.columns}
+    items = select.expressions
+    keys = _group_keys(select, items, schema)
+    split = _Splitter(keys, schema, window)
+    outputs = []
+    seen: set[str] = set()
+    for item in items:
+        name = _output_name(item)
+        if name in seen:
+            raise UnsupportedSQL(f"output column {name!r} appears twice; give each a distinct alias")
+        seen.add(name)
+        expression = item.this if isinstance(item, exp.Alias) else item
+        outputs.append((name, split.final_form(expression)))
+    having = select.args.get("having")
+    where = select.args.get("where")
+    if where is not None and any(is_aggregate(n) for n in where.this.find_all(exp.AggFunc)):
+        raise UnsupportedSQL("aggregates are not allowed in WHERE; use HAVING")
+    return SplitQuery(
+        keys=tuple(keys),
+        aggregates=tuple(split.aggregates),
+        where_spark=to_spark(where.this, schema) if where is not None else None,
+        outputs=tuple(outputs),
+        having=split.final_form(having.this) if having is not None else None,
+    )
+
+
+def _output_name(item: exp.Expression) -> str:
+    if isinstance(item, exp.Alias):
+        return item.alias
+    if isinstance(item, exp.Column):
+        return item.name
+    if isinstance(item, exp.Func) and not isinstance(item, exp.Anonymous):
+        # PostgreSQL names an unaliased call after its function, e.g. count(*) -> "count".
+        return item.sql_name().lower()
+    raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
+
+
+def _is_window_ref(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Column) and node.name in (
+        naming.WINDOW_START_COLUMN,
+        naming.WINDOW_END_COLUMN,
+    )
+
+
+def _group_keys(
+    select: exp.Select, items: list[exp.Expression], schema: dict[str, SqlType]
+) -> list[GroupKey]:
+    group = select.args.get("group")
+    if group is None or not group.expressions:
+        raise UnsupportedSQL(
+            "a derived stream is a grouped aggregate: GROUP BY the window "
+            "(window_start or window_end) and any keys"
+        )
+    aliases = {i.alias: i.this for i in items if isinstance(i, exp.Alias)}
+    keys: list[GroupKey] = []
+    has_window = False
+    for raw in group.expressions:
+        expression = raw
+        if isinstance(raw, exp.Literal) and not raw.is_string:
+            position = int(raw.this)
+            if not 1 <= position <= len(items):
+                raise UnsupportedSQL(f"GROUP BY position {position} is not in the SELECT list")
+            chosen = items[position - 1]
+            expression = chosen.this if isinstance(chosen, exp.Alias) else chosen
+        elif isinstance(raw, exp.Column) and raw.name not in schema and raw.name in aliases:
+            expression = aliases[raw.name]
+        if _is_window_ref(expression):
+            has_window = True
+            continue
+        if any(True for _ in expression.find_all(exp.AggFunc)):
+            raise UnsupportedSQL(f"GROUP BY {expression.sql('postgres')!r}: aggregates cannot be keys")
+        if any(k.expression == expression for k in keys):
+            continue
+        key_type = infer_type(expression, schema)
+        keys.append(
+            GroupKey(
+                column=naming.key_column(len(keys)),
+                expression=expression.copy(),
+                spark=to_spark(expression, schema),
+                type=key_type,
+            )
+        )
+    if not has_window:
+        raise UnsupportedSQL("GROUP BY must include the window: window_start or window_end")
+    return keys
+
+
+class _Splitter:
+    """Rewrites SELECT/HAVING expressions over the partial archive, collecting aggregates."""
+
+    def __init__(self, keys: list[GroupKey], schema: dict[str, SqlType], window: WindowSpec):
+        self.keys = keys
+        self.schema = schema
+        self.window = window
+        self.aggregates: list[SplitAggregate] = []
+        self._by_call: dict[str, SplitAggregate] = {}
+
+    def final_form(self, node: exp.Expression) -> exp.Expression:
+        for key in self.keys:
+            if node == key.expression:
+                return exp.column(key.column)
+        if isinstance(node, exp.Column):
+            if node.name == naming.WINDOW_START_COLUMN:
+                return exp.column(naming.WINDOW_START_COLUMN)
+            if node.name == naming.WINDOW_END_COLUMN:
+                return exp.Add(
+                    this=exp.column(naming.WINDOW_START_COLUMN),
+                    expression=exp.Interval(this=exp.Literal.string(interval_text(self.window.size_us))),
+                )
+            raise UnsupportedSQL(
+                f"column {node.name!r} must appear in GROUP BY or be used in an aggregate function"
+            )
+        if is_aggregate(node):
+            return self._aggregate(node).final.copy()
+        copy = node.copy()
+        for child in list(copy.iter_expressions()):
+            child.replace(self.final_form(child))
+        return copy
+
+    def _aggregate(self, node: exp.Expression) -> SplitAggregate:
+        call = node.sql("postgres")
+        if call in self._by_call:
+            return self._by_call[call]
+        rule = rule_for(node)
+        argument = None if rule.takes_star else node.this
+        if argument is not None and any(True for _ in argument.find_all(exp.AggFunc)):
+            raise UnsupportedSQL(f"{call!r}: aggregates cannot be nested")
+        arg_type = infer_type(argument, self.schema) if argument is not None else None
+        if arg_type is not None and not rule.accepts(arg_type):
+            raise UnsupportedSQL(f"{call!r}: {rule.name} takes {rule.accepts_text}, not {arg_type.pg()}")
+        spark_arg = to_spark(argument, self.schema) if argument is not None else None
+        index = len(self.aggregates)
+        states = tuple(
+            StateColumn(
+                column=naming.state_column(index, state.name),
+                spark=state.spark_partial(spark_arg, arg_type),
+                pg_type=state.pg_type(arg_type),
+                reduce=state.reduce,
+            )
+            for state in rule.states
+        )
+        reduced: list[exp.Expression] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
+        split = SplitAggregate(call, states, rule.final(reduced, arg_type), rule.result_type(arg_type))
+        self.aggregates.append(split)
+        self._by_call[call] = split
+        return split
