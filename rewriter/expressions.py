@@ -137,32 +137,38 @@ def _common(node: exp.Expression, parts: list[exp.Expression], schema: Schema) -
 def to_spark(node: exp.Expression, schema: Schema) -> exp.Expression:
     """Translate a PostgreSQL row-level expression into one Spark evaluates identically."""
     infer_type(node, schema)  # validates the whole tree against the allowlist
-    return node.copy().transform(lambda n: _spark_node(n, schema), copy=False)
+    return _translate(node, schema)
 
 
-def _spark_node(node: exp.Expression, schema: Schema) -> exp.Expression:
+def _translate(node: exp.Expression, schema: Schema) -> exp.Expression:
+    # Types are read off the original (PostgreSQL) tree; children are translated first.
     if isinstance(node, exp.Column):
         return exp.column(node.name, quoted=True)
-    if isinstance(node, exp.Div):
-        left = infer_type(node.this, schema)
-        right = infer_type(node.expression, schema)
-        if left.is_integer and right.is_integer:
-            # PostgreSQL divides integers to an integer, truncating toward zero; so does DIV.
-            return exp.IntDiv(this=node.this, expression=node.expression)
-        if left.is_float or right.is_float:
-            return exp.Div(
-                this=exp.cast(node.this, "double"), expression=exp.cast(node.expression, "double")
-            )
-        raise unsupported(
-            node,
-            "division of numeric values inside a row expression is not supported, because "
-            "PostgreSQL and Spark round numeric quotients differently; divide after "
-            "aggregating (e.g. sum(x) / count(*)) or cast to double precision",
-        )
     if isinstance(node, exp.Literal) and not node.is_string and "." in node.this:
-        # A decimal literal is numeric in PostgreSQL; in Spark too, but say so explicitly.
+        # A decimal literal is numeric in PostgreSQL; make Spark's type explicit too.
         digits = node.this.replace("-", "").replace(".", "")
         scale = len(node.this.split(".", 1)[1])
         precision = max(len(digits), scale, 1)
         return exp.cast(node.copy(), f"decimal({precision},{scale})")
-    return node
+    copy = node.copy()
+    for original, duplicate in zip(
+        list(node.iter_expressions()), list(copy.iter_expressions()), strict=True
+    ):
+        duplicate.replace(_translate(original, schema))
+    if not isinstance(node, exp.Div):
+        return copy
+    left = infer_type(node.this, schema)
+    right = infer_type(node.expression, schema)
+    if left.is_integer and right.is_integer:
+        # PostgreSQL divides integers to an integer, truncating toward zero; so does DIV.
+        return exp.IntDiv(this=copy.this, expression=copy.expression)
+    if left.is_float or right.is_float:
+        return exp.Div(
+            this=exp.cast(copy.this, "double"), expression=exp.cast(copy.expression, "double")
+        )
+    raise unsupported(
+        node,
+        "division of numeric values inside a row expression is not supported, because "
+        "PostgreSQL and Spark round numeric quotients differently; divide after "
+        "aggregating (e.g. sum(x) / count(*)) or cast to double precision",
+    )
