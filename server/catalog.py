@@ -1,0 +1,215 @@
+"""The catalog: streams (with the user's original SQL), columns, dependencies and runs.
+
+Plans are never stored: every derived form is recomputed from the stored SQL by the
+rewriter, one deterministic function, so a new Strata version re-derives them consistently.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from rewriter import StreamPlan, rewrite
+from rewriter.naming import CATALOG_SCHEMA
+from rewriter.plan import DerivedStreamPlan, RawStreamPlan
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+metadata = sa.MetaData(schema=CATALOG_SCHEMA)
+streams = sa.Table(
+    "streams",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("kind", sa.Text),
+    sa.Column("sql", sa.Text),
+    sa.Column("created_seq", sa.BigInteger),
+    sa.Column("created_at", sa.DateTime(timezone=True)),
+)
+stream_columns = sa.Table(
+    "stream_columns",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("ordinal", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text),
+    sa.Column("type", sa.Text),
+)
+stream_dependencies = sa.Table(
+    "stream_dependencies",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("depends_on", sa.Text, primary_key=True),
+)
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("run_id", sa.Text),
+    sa.Column("stream", sa.Text),
+    sa.Column("status", sa.Text),
+    sa.Column("rows", sa.BigInteger),
+    sa.Column("error", sa.Text),
+    sa.Column("spool_path", sa.Text),
+    sa.Column("received_at", sa.DateTime(timezone=True)),
+    sa.Column("committed_at", sa.DateTime(timezone=True)),
+)
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """postgresql://... as psql spells it -> the SQLAlchemy URL for the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+psycopg://" + database_url[len(prefix) :]
+    return database_url
+
+
+def create_catalog_engine(database_url: str) -> sa.Engine:
+    return sa.create_engine(
+        sqlalchemy_url(database_url), pool_size=10, max_overflow=20, pool_pre_ping=True
+    )
+
+
+def migrate(engine: sa.Engine) -> None:
+    """Apply the Alembic migrations in migrations/ (idempotent)."""
+    config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.connect() as connection:
+        # Two servers starting on one database must not migrate at once.
+        connection.execute(sa.text("SELECT pg_advisory_lock(4242001)"))
+        try:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+        finally:
+            connection.execute(sa.text("SELECT pg_advisory_unlock(4242001)"))
+            connection.commit()
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    name: str
+    kind: str
+    sql: str
+    created_at: datetime
+    plan: StreamPlan
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    seq: int
+    run_id: str
+    stream: str
+    status: str
+    rows: int
+    error: str | None
+    spool_path: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"run_id": self.run_id, "stream": self.stream, "status": self.status,
+                "rows": self.rows, "error": self.error}
+
+
+class PlanCache:
+    """Plans of all streams, recomputed from their SQL in creation order and memoised."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_sql: dict[tuple[str, str], StreamPlan] = {}
+
+    def load(self, connection: sa.Connection) -> dict[str, StreamRecord]:
+        rows = connection.execute(
+            sa.select(streams.c.name, streams.c.kind, streams.c.sql, streams.c.created_at)
+            .order_by(streams.c.created_seq)
+        ).all()
+        plans: dict[str, StreamPlan] = {}
+        records: dict[str, StreamRecord] = {}
+        with self._lock:
+            for row in rows:
+                # A plan depends on its sources' plans; those of the same SQL are the same.
+                key = (row.name, row.sql)
+                plan = self._by_sql.get(key)
+                if plan is None:
+                    plan = rewrite(row.sql, plans)
+                    self._by_sql[key] = plan
+                plans[row.name] = plan
+                records[row.name] = StreamRecord(row.name, row.kind, row.sql, row.created_at, plan)
+        return records
+
+
+def dependents(records: dict[str, StreamRecord], name: str) -> list[DerivedStreamPlan]:
+    """Derived streams computed directly from ``name``."""
+    return [
+        r.plan
+        for r in records.values()
+        if isinstance(r.plan, DerivedStreamPlan) and r.plan.source == name
+    ]
+
+
+def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:
+    connection.execute(sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql))
+    if isinstance(plan, RawStreamPlan):
+        connection.execute(
+            sa.insert(stream_columns),
+            [
+                {"stream": plan.name, "ordinal": i, "name": c.name, "type": c.type.pg()}
+                for i, c in enumerate(plan.columns)
+            ],
+        )
+    else:
+        connection.execute(
+            sa.insert(stream_dependencies),
+            [{"stream": plan.name, "depends_on": d} for d in plan.dependencies],
+        )
+
+
+def delete_stream(connection: sa.Connection, name: str) -> None:
+    connection.execute(sa.delete(runs).where(runs.c.stream == name))
+    connection.execute(sa.delete(streams).where(streams.c.name == name))
+
+
+def _run(row: sa.Row) -> RunRecord:
+    return RunRecord(row.seq, row.run_id, row.stream, row.status, row.rows, row.error,
+                     row.spool_path)
+
+
+def get_run(connection: sa.Connection, run_id: str) -> RunRecord | None:
+    row = connection.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
+    return _run(row) if row else None
+
+
+def get_run_by_seq(connection: sa.Connection, seq: int) -> RunRecord | None:
+    row = connection.execute(sa.select(runs).where(runs.c.seq == seq)).first()
+    return _run(row) if row else None
+
+
+def claim_run(
+    connection: sa.Connection, run_id: str, stream: str, rows: int, spool_path: str
+) -> RunRecord | None:
+    """Record a pending run; None if the run id is taken (the first one wins)."""
+    statement = (
+        sa.dialects.postgresql.insert(runs)
+        .values(run_id=run_id, stream=stream, status="pending", rows=rows, spool_path=spool_path)
+        .on_conflict_do_nothing(index_elements=["run_id"])
+        .returning(*runs.c)
+    )
+    row = connection.execute(statement).first()
+    return _run(row) if row else None
+
+
+def pending_runs(connection: sa.Connection) -> list[RunRecord]:
+    rows = connection.execute(
+        sa.select(runs).where(runs.c.status == "pending").order_by(runs.c.seq)
+    ).all()
+    return [_run(r) for r in rows]
+
+
+def reject_run(connection: sa.Connection, seq: int, error: str) -> None:
+    connection.execute(
+        sa.update(runs)
+        .where(runs.c.seq == seq, runs.c.status == "pending")
+        .values(status="rejected", error=error)
+    )
