@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -12,7 +14,15 @@ import pytest
 from psycopg import sql
 from pyspark.sql import SparkSession
 
+from fastapi.testclient import TestClient
+
+from server.api.app import create_app
+from server.backend import SparkBackend
+from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
+from server.service import StrataService
+from server.settings import Settings
+from server.spool import Spool
 from server.spark import create_spark_session, stop_spark_session
 
 
@@ -43,9 +53,9 @@ def pg_conn(pg_url: str) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-@pytest.fixture
-def fresh_db(pg_url: str) -> Iterator[str]:
-    """URL of a brand-new empty database on `pg_url`'s server, dropped after the test."""
+@contextmanager
+def new_database(pg_url: str) -> Iterator[str]:
+    """A brand-new empty database on `pg_url`'s server, dropped afterwards."""
     name = f"test_{uuid.uuid4().hex}"
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -59,6 +69,13 @@ def fresh_db(pg_url: str) -> Iterator[str]:
             )
 
 
+@pytest.fixture
+def fresh_db(pg_url: str) -> Iterator[str]:
+    """URL of a brand-new empty database on `pg_url`'s server, dropped after the test."""
+    with new_database(pg_url) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """A local[2] SparkSession shared by the whole test run."""
@@ -67,3 +84,83 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         stop_spark_session(session)
+
+
+@contextmanager
+def strata_client(database_url: str, spark: SparkSession, data_dir: Path) -> Iterator[Strata]:
+    """A Strata service (real PostgreSQL, real Spark) behind its HTTP API, in-process."""
+    engine = create_catalog_engine(database_url)
+    migrate(engine)
+    service = StrataService(engine, SparkBackend(spark), Spool(data_dir / "spool"))
+    service.start()
+    settings = Settings(data_dir=data_dir)
+    app = create_app(service, settings, {"database_url": database_url})
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield Strata(client, service, database_url)
+    finally:
+        service.stop()
+        engine.dispose()
+
+
+class Strata:
+    """What a test holds: the HTTP client, the service, and SQL access to the database."""
+
+    def __init__(self, client: TestClient, service: StrataService, database_url: str) -> None:
+        self.client = client
+        self.service = service
+        self.database_url = database_url
+
+    def create(self, statement: str) -> dict[str, object]:
+        response = self.client.post("/streams", json={"sql": statement})
+        assert response.status_code == 201, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def ingest(
+        self, stream: str, body: str | bytes, *, csv: bool = False, run_id: str | None = None
+    ) -> dict[str, object]:
+        response = self.post_run(stream, body, csv=csv, run_id=run_id, wait=True)
+        assert response.status_code == 200, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def post_run(
+        self,
+        stream: str,
+        body: str | bytes,
+        *,
+        csv: bool = False,
+        run_id: str | None = None,
+        wait: bool = True,
+    ):  # type: ignore[no-untyped-def]
+        params: dict[str, str] = {"wait": "true" if wait else "false"}
+        if run_id is not None:
+            params["run_id"] = run_id
+        content_type = "text/csv" if csv else "application/x-ndjson"
+        return self.client.post(
+            f"/streams/{stream}/runs",
+            params=params,
+            content=body.encode() if isinstance(body, str) else body,
+            headers={"content-type": content_type},
+        )
+
+    def query(self, statement: str, *params: object) -> list[tuple]:
+        with psycopg.connect(self.database_url, autocommit=True) as connection:
+            return connection.execute(statement, params or None).fetchall()  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def strata(fresh_db: str, spark: SparkSession, tmp_path: Path) -> Iterator[Strata]:
+    """A fresh Strata on a fresh database, for one test."""
+    with strata_client(fresh_db, spark, tmp_path) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def module_strata(
+    pg_url: str, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Strata]:
+    """One Strata for a whole module (property tests use fresh stream names per example)."""
+    with new_database(pg_url) as url, strata_client(
+        url, spark, tmp_path_factory.mktemp("strata")
+    ) as instance:
+        yield instance

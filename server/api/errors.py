@@ -1,0 +1,58 @@
+"""The one place Strata errors become HTTP responses."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from rewriter.errors import (
+    InvalidSQL,
+    RunFormatError,
+    StrataError,
+    StreamExists,
+    StreamInUse,
+    UnknownStream,
+    UnsupportedSQL,
+)
+from server.ingest.parse import UnsupportedContentType
+from server.service import NotARawStream, RunConflict
+
+
+class PayloadTooLarge(StrataError):
+    """A run body above the configured maximum size."""
+
+
+STATUS: dict[type[StrataError], int] = {
+    InvalidSQL: 400,
+    UnsupportedSQL: 400,
+    RunFormatError: 400,
+    NotARawStream: 400,
+    UnknownStream: 404,
+    StreamExists: 409,
+    StreamInUse: 409,
+    RunConflict: 409,
+    PayloadTooLarge: 413,
+    UnsupportedContentType: 415,
+}
+
+
+def status_of(error: StrataError) -> int:
+    for kind in type(error).__mro__:
+        if kind in STATUS:
+            return STATUS[kind]
+    return 500
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(StrataError)
+    async def strata_error(_request: Request, error: StrataError) -> JSONResponse:
+        body = error.to_dict() if isinstance(error, RunFormatError) else {"error": str(error)}
+        return JSONResponse(body, status_code=status_of(error))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=400)

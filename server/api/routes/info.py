@@ -1,0 +1,19 @@
+"""GET /health and GET /info."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from server.api.deps import InfoDep
+
+router = APIRouter(tags=["server"])
+
+
+@router.get("/health", summary="Liveness")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/info", summary="Where Strata's PostgreSQL and Spark are (same as `strata info`)")
+async def info(details: InfoDep) -> dict[str, object]:
+    return details

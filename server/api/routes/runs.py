@@ -1,0 +1,76 @@
+"""Run intake (POST /streams/{name}/runs) and run status (GET /runs/{run_id})."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from rewriter.errors import UnknownStream
+from server.api.deps import ServiceDep, SettingsDep
+from server.api.errors import PayloadTooLarge
+
+router = APIRouter(tags=["runs"])
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"run body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"run body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/streams/{name}/runs",
+    summary="Ingest a run (NDJSON or CSV body)",
+    status_code=202,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        }
+    },
+)
+async def post_run(
+    name: str,
+    request: Request,
+    service: ServiceDep,
+    settings: SettingsDep,
+    run_id: str | None = None,
+    wait: bool = False,
+) -> JSONResponse:
+    body = await _read_body(request, settings.max_run_bytes)
+    content_type = request.headers.get("content-type", "")
+    record = await run_in_threadpool(service.submit_run, name, body, content_type, run_id)
+    if wait:
+        record = await run_in_threadpool(service.wait, record, settings.run_wait_timeout)
+        if record.status == "committed":
+            return JSONResponse(
+                {"run_id": record.run_id, "status": "committed", "rows": record.rows},
+                status_code=200,
+            )
+        if record.status == "rejected":
+            return JSONResponse(
+                {"run_id": record.run_id, "status": "rejected", "rows": record.rows,
+                 "error": record.error},
+                status_code=422,
+            )
+    return JSONResponse({"run_id": record.run_id, "status": record.status}, status_code=202)
+
+
+@router.get("/runs/{run_id}", summary="Status of a run")
+async def get_run(run_id: str, service: ServiceDep) -> dict[str, object]:
+    record = await run_in_threadpool(service.run, run_id)
+    if record is None:
+        raise UnknownStream(f"run {run_id!r} does not exist")
+    return record.to_dict()

@@ -1,0 +1,57 @@
+"""Moving Arrow tables in and out of PostgreSQL archives with COPY (CSV), the fast path."""
+
+from __future__ import annotations
+
+import io
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+from psycopg import sql
+
+from rewriter.naming import INTERNAL_SCHEMA
+
+_CHUNK = 1 << 20
+
+
+def internal_table(name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(INTERNAL_SCHEMA), sql.Identifier(name))
+
+
+def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table) -> int:
+    """COPY ``data`` (columns by name) into the internal table ``table``; returns rows."""
+    if data.num_rows == 0:
+        return 0
+    buffer = io.BytesIO()
+    # Nulls are written as unquoted empty fields and empty strings as "" - exactly the
+    # distinction PostgreSQL's CSV COPY makes.
+    pa_csv.write_csv(data, buffer, pa_csv.WriteOptions(include_header=False))
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        internal_table(table), sql.SQL(", ").join(sql.Identifier(c) for c in data.column_names)
+    )
+    payload = buffer.getbuffer()
+    with cursor.copy(statement) as copy:
+        for start in range(0, len(payload), _CHUNK):
+            copy.write(payload[start : start + _CHUNK])
+    return data.num_rows
+
+
+def copy_out(cursor: psycopg.Cursor, table: str, schema: pa.Schema) -> pa.Table:
+    """Read the named columns of an internal table into Arrow with the given schema."""
+    statement = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT csv)").format(
+        sql.SQL(", ").join(sql.Identifier(n) for n in schema.names), internal_table(table)
+    )
+    buffer = io.BytesIO()
+    with cursor.copy(statement) as copy:
+        for block in copy:
+            buffer.write(block)
+    if buffer.tell() == 0:
+        return schema.empty_table()
+    buffer.seek(0)
+    return pa_csv.read_csv(
+        buffer,
+        read_options=pa_csv.ReadOptions(column_names=schema.names),
+        convert_options=pa_csv.ConvertOptions(
+            column_types=schema, strings_can_be_null=True, quoted_strings_can_be_null=False
+        ),
+    )

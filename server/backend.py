@@ -1,0 +1,49 @@
+"""The Spark backend: runs the partial queries of plans over batches of runs.
+
+It only executes plans the rewriter made. One long-lived SparkSession is shared; each
+thread gets its own child session (``newSession``) so the temporary view holding a
+batch's rows never collides between ingestion and back-fill.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from rewriter.naming import RUN_ROWS_VIEW
+from rewriter.plan import DerivedStreamPlan
+
+
+class SparkBackend:
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self._local = threading.local()
+
+    def _session(self) -> SparkSession:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self.spark.newSession()
+            self._local.session = session
+        return session
+
+    def partials(
+        self, rows: pa.Table, plans: list[DerivedStreamPlan]
+    ) -> dict[str, pa.Table]:
+        """Partial rows of every plan over ``rows`` (which carry the run column)."""
+        if not plans or rows.num_rows == 0:
+            return {plan.name: pa.table({}) for plan in plans}
+        session = self._session()
+        frame = session.createDataFrame(rows)
+        frame.createOrReplaceTempView(RUN_ROWS_VIEW)
+        # Several streams read the same rows: keep them in memory for the batch, once.
+        cached = len(plans) > 1
+        if cached:
+            frame.cache()
+        try:
+            return {plan.name: session.sql(plan.partial_query).toArrow() for plan in plans}
+        finally:
+            if cached:
+                frame.unpersist()
+            session.catalog.dropTempView(RUN_ROWS_VIEW)

@@ -1,0 +1,67 @@
+"""The `strata` command: `strata up` runs everything, `strata info` says where it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from server.settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, object] = {}
+    if getattr(args, "port", None) is not None:
+        overrides["port"] = args.port
+    if getattr(args, "host", None) is not None:
+        overrides["host"] = args.host
+    if args.data_dir is not None:
+        overrides["data_dir"] = Path(args.data_dir)
+    return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def up(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.api.app import create_app
+    from server.runtime import running
+
+    settings = _settings(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    with running(settings) as runtime:
+        details = runtime.info()
+        app = create_app(runtime.service, settings, details)
+        print(json.dumps(details), flush=True)
+        # uvicorn turns SIGINT/SIGTERM into a graceful shutdown; then `running` stops
+        # the worker, Spark and the embedded PostgreSQL in turn.
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def info(args: argparse.Namespace) -> int:
+    from server.runtime import stored_info
+
+    print(json.dumps(stored_info(_settings(args)), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="strata", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("up", help="start PostgreSQL, Spark and the HTTP API")
+    start.add_argument("--port", type=int, help="HTTP port (default 8080, STRATA_PORT)")
+    start.add_argument("--host", help="HTTP address (default 127.0.0.1, STRATA_HOST)")
+    start.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
+    start.set_defaults(run=up)
+    show = commands.add_parser("info", help="print database_url and more as JSON")
+    show.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
+    show.set_defaults(run=info)
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

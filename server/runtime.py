@@ -1,0 +1,90 @@
+"""Assembling a running Strata: PostgreSQL (embedded or external), migrations, Spark, service."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from server.backend import SparkBackend
+from server.catalog import create_catalog_engine, migrate
+from server.embedded_pg import EmbeddedPostgres
+from server.service import StrataService
+from server.settings import Settings
+from server.spark import create_spark_session, stop_spark_session
+from server.spool import Spool
+
+log = logging.getLogger("strata")
+INFO_FILE = "info.json"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    database_url: str
+    engine: sa.Engine
+    service: StrataService
+
+    def info(self) -> dict[str, object]:
+        return {
+            "database_url": self.database_url,
+            "spark_master": self.settings.spark_master or "local[*]",
+            "data_dir": str(self.settings.data_dir.resolve()),
+            "http": f"http://{self.settings.host}:{self.settings.port}",
+            "embedded_postgres": self.settings.database_url is None,
+        }
+
+
+@contextmanager
+def running(settings: Settings) -> Iterator[Runtime]:
+    """Start everything Strata needs; stop it all (in reverse order) on exit."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    embedded: EmbeddedPostgres | None = None
+    if settings.database_url:
+        database_url = settings.database_url
+    else:
+        embedded = EmbeddedPostgres(settings.postgres_dir)
+        log.info("starting embedded PostgreSQL in %s", settings.postgres_dir)
+        database_url = embedded.start()
+    engine = create_catalog_engine(database_url)
+    spark = None
+    service = None
+    try:
+        migrate(engine)
+        log.info("starting Spark (%s)", settings.spark_master or "local")
+        spark = create_spark_session(
+            settings.spark_master,
+            local_dir=settings.spark_dir,
+            extra_conf={"spark.driver.memory": settings.spark_driver_memory},
+        )
+        service = StrataService(engine, SparkBackend(spark), Spool(settings.spool_dir))
+        service.batch_max_rows = settings.batch_max_rows
+        service.start()
+        runtime = Runtime(settings, database_url, engine, service)
+        (settings.data_dir / INFO_FILE).write_text(json.dumps(runtime.info(), indent=2))
+        yield runtime
+    finally:
+        if service is not None:
+            service.stop()
+        if spark is not None:
+            stop_spark_session(spark)
+        engine.dispose()
+        if embedded is not None:
+            embedded.stop()
+
+
+def stored_info(settings: Settings) -> dict[str, object]:
+    """What `strata info` prints: the last `strata up` on this data dir, or the settings."""
+    path = settings.data_dir / INFO_FILE
+    details: dict[str, object] = json.loads(path.read_text()) if path.exists() else {}
+    if settings.database_url:
+        details["database_url"] = settings.database_url
+    elif "database_url" not in details:
+        details["database_url"] = None  # not started yet on this data dir
+    details.setdefault("data_dir", str(Path(settings.data_dir).resolve()))
+    return details

@@ -1,0 +1,391 @@
+"""Strata's core service: stream DDL, run intake, and the worker that commits runs.
+
+Atomicity (invariant 2) is one PostgreSQL transaction per batch of runs, issued from the
+Spark driver: Spark computes the partial rows of every dependent stream, the driver
+collects them (Arrow), and a single transaction COPYs the raw rows, COPYs the partial
+rows and flips the runs' catalog status from 'pending' to 'committed'. The status flip is
+the commit marker: a run is visible everywhere or nowhere, and a second processing of the
+same run finds it no longer pending and writes nothing (exactly once). Partial results are
+small (one row per run, window and group), so collecting them on the driver is cheap, and
+no JDBC driver (which would have to be downloaded) is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from psycopg import sql
+from pyspark.errors import PySparkException
+
+from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter.errors import StreamExists, StreamInUse, StrataError, UnknownStream
+from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
+from server import catalog
+from server.archive import copy_in, copy_out, internal_table
+from server.backend import SparkBackend
+from server.catalog import PlanCache, RunRecord, StreamRecord
+from server.ingest.parse import arrow_schema, parse_run
+from server.spool import Spool
+
+log = logging.getLogger("strata.service")
+
+
+class NotARawStream(StrataError):
+    """Runs are posted to raw streams only."""
+
+
+class RunConflict(StrataError):
+    """A run id already names a run of another stream."""
+
+
+class _Retry(Exception):  # noqa: N818 - control flow, never escapes this module
+    """Roll the commit transaction back; ``runs`` are the ones still to commit."""
+
+    def __init__(self, runs: list[RunRecord]) -> None:
+        self.runs = runs
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    status: str
+    rows: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"run_id": self.run_id, "status": self.status, "rows": self.rows,
+                "error": self.error}
+
+
+def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
+    return table.append_column(RUN_COLUMN, pa.array([seq] * table.num_rows, pa.int64()))
+
+
+class StrataService:
+    def __init__(self, engine: sa.Engine, backend: SparkBackend, spool: Spool) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.spool = spool
+        self.plans = PlanCache()
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._done: dict[int, threading.Event] = {}
+        self._done_lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.batch_max_rows = 1_000_000
+
+    # ---- streams ---------------------------------------------------------------------
+
+    def streams(self) -> dict[str, StreamRecord]:
+        with self.engine.connect() as connection:
+            return self.plans.load(connection)
+
+    def stream(self, name: str) -> StreamRecord:
+        record = self.streams().get(name)
+        if record is None:
+            raise UnknownStream(f"stream {name!r} does not exist")
+        return record
+
+    def create_stream(self, text: str) -> StreamRecord:
+        with self.engine.connect() as connection:
+            existing = self.plans.load(connection)
+        plan = rewrite(text, {n: r.plan for n, r in existing.items()})
+        if plan.name in existing:
+            raise StreamExists(f"stream {plan.name!r} already exists")
+        try:
+            with self.engine.begin() as connection:
+                catalog.insert_stream(connection, plan, text)
+                self._check_name_free(connection, plan.name)
+                for statement in plan.create_statements:
+                    connection.exec_driver_sql(statement)
+                if isinstance(plan, DerivedStreamPlan):
+                    self._backfill(connection, plan, existing[plan.source].plan)
+        except sa.exc.IntegrityError as err:
+            if isinstance(err.orig, psycopg.errors.UniqueViolation):
+                raise StreamExists(f"stream {plan.name!r} already exists") from None
+            raise
+        return self.stream(plan.name)
+
+    @staticmethod
+    def _check_name_free(connection: sa.Connection, name: str) -> None:
+        taken = connection.execute(
+            sa.text("SELECT to_regclass(:q) IS NOT NULL"),
+            {"q": sql.Identifier(PUBLIC_SCHEMA, name).as_string()},
+        ).scalar()
+        if taken:
+            raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
+
+    def _backfill(
+        self, connection: sa.Connection, plan: DerivedStreamPlan, source: object
+    ) -> None:
+        """Compute the new stream over everything its raw source already archived.
+
+        SHARE mode blocks run commits into the source until this transaction commits;
+        a run committing later sees the new stream in the catalog (the worker re-reads
+        the dependents under its own lock), so no run is counted twice or missed.
+        """
+        assert isinstance(source, RawStreamPlan)
+        table = raw_archive_table(source.name)
+        connection.exec_driver_sql(
+            sql.SQL("LOCK TABLE {} IN SHARE MODE").format(internal_table(table)).as_string()
+        )
+        schema = arrow_schema(source.columns).append(pa.field(RUN_COLUMN, pa.int64()))
+        cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        history = copy_out(cursor, table, schema)
+        if history.num_rows:
+            partial = self.backend.partials(history, [plan])[plan.name]
+            copy_in(cursor, partial_archive_table(plan.name), partial)
+
+    def drop_stream(self, name: str) -> None:
+        with self.engine.begin() as connection:
+            records = self.plans.load(connection)
+            record = records.get(name)
+            if record is None:
+                raise UnknownStream(f"stream {name!r} does not exist")
+            users = sorted(
+                r.name for r in records.values()
+                if isinstance(r.plan, DerivedStreamPlan) and name in r.plan.dependencies
+            )
+            if users:
+                raise StreamInUse(
+                    f"stream {name!r} is used by {', '.join(users)}; drop those first"
+                )
+            for statement in record.plan.drop_statements:
+                connection.exec_driver_sql(statement)
+            catalog.delete_stream(connection, name)
+
+    # ---- runs ------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with self.engine.connect() as connection:
+            return catalog.get_run(connection, run_id)
+
+    def submit_run(
+        self, stream: str, body: bytes, content_type: str, run_id: str | None
+    ) -> RunRecord:
+        """Validate, spool durably and record a run; returns its (possibly earlier) record."""
+        run_id = run_id or uuid.uuid4().hex
+        known = self.run(run_id)
+        if known is not None:
+            return self._same_run(known, stream)
+        record = self.stream(stream)
+        if not isinstance(record.plan, RawStreamPlan):
+            raise NotARawStream(
+                f"stream {stream!r} is derived; post runs to its raw source "
+                f"{record.plan.source!r}"  # type: ignore[union-attr]
+            )
+        table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
+        path = self.spool.write(table)
+        with self.engine.begin() as connection:
+            claimed = catalog.claim_run(connection, run_id, stream, table.num_rows, str(path))
+        if claimed is None:  # a concurrent request with the same run id won
+            self.spool.remove(path)
+            known = self.run(run_id)
+            assert known is not None
+            return self._same_run(known, stream)
+        self._expect(claimed.seq)
+        self._queue.put(claimed.seq)
+        return claimed
+
+    @staticmethod
+    def _same_run(known: RunRecord, stream: str) -> RunRecord:
+        if known.stream != stream:
+            raise RunConflict(
+                f"run id {known.run_id!r} already names a run of stream {known.stream!r}"
+            )
+        return known
+
+    def _expect(self, seq: int) -> threading.Event:
+        with self._done_lock:
+            return self._done.setdefault(seq, threading.Event())
+
+    def wait(self, record: RunRecord, timeout: float) -> RunRecord:
+        """Block until the run is committed or rejected (or the timeout passes)."""
+        deadline = time.monotonic() + timeout
+        event = self._expect(record.seq)
+        current: RunRecord | None = record
+        while current is not None and current.status == "pending":
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            event.wait(min(remaining, 0.5))
+            current = self.run(record.run_id)
+        return current or record
+
+    # ---- the worker ------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self.engine.connect() as connection:
+            pending = catalog.pending_runs(connection)
+        removed = self.spool.sweep({r.spool_path for r in pending if r.spool_path})
+        if removed:
+            log.info("removed %d spool files of runs never acknowledged", removed)
+        for record in pending:
+            self._expect(record.seq)
+            self._queue.put(record.seq)
+        if pending:
+            log.info("resuming %d pending runs", len(pending))
+        self._worker = threading.Thread(target=self._loop, name="strata-runs", daemon=True)
+        self._worker.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._queue.put(None)
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            first = self._queue.get()
+            if first is None:
+                return
+            seqs = [first]
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._stopping.set()
+                    break
+                seqs.append(more)
+            try:
+                self._process(seqs)
+            except Exception:  # keep the loop alive; the runs stay pending and are retried
+                log.exception("processing runs %s failed; retrying", seqs)
+                time.sleep(1.0)
+                for seq in seqs:
+                    self._queue.put(seq)
+
+    def _process(self, seqs: list[int]) -> None:
+        with self.engine.connect() as connection:
+            records = [catalog.get_run_by_seq(connection, s) for s in seqs]
+        pending = [r for r in records if r is not None and r.status == "pending"]
+        by_stream: dict[str, list[RunRecord]] = {}
+        for record in pending:
+            by_stream.setdefault(record.stream, []).append(record)
+        for stream, runs in by_stream.items():
+            self._process_stream(stream, runs)
+        for seq in seqs:
+            self._finish(seq)
+
+    def _finish(self, seq: int) -> None:
+        with self._done_lock:
+            event = self._done.pop(seq, None)
+        if event is not None:
+            event.set()
+
+    def _process_stream(self, stream: str, runs: list[RunRecord]) -> None:
+        # Batch runs up to batch_max_rows: one Spark job per batch amortizes job overhead,
+        # and the run column among the grouping keys keeps every run's partials separate.
+        batch: list[RunRecord] = []
+        rows = 0
+        for run in runs:
+            if batch and rows + run.rows > self.batch_max_rows:
+                self._commit_batch(stream, batch)
+                batch, rows = [], 0
+            batch.append(run)
+            rows += run.rows
+        if batch:
+            self._commit_batch(stream, batch)
+
+    def _commit_batch(self, stream: str, runs: list[RunRecord]) -> None:
+        try:
+            self._commit(stream, runs)
+        except PySparkException as err:
+            if len(runs) == 1:
+                self._reject(runs[0], f"Spark could not process the run: {err}")
+                return
+            # Find the run Spark fails on; the others commit.
+            for run in runs:
+                self._commit_batch(stream, [run])
+
+    def _reject(self, run: RunRecord, error: str) -> None:
+        log.warning("run %s rejected: %s", run.run_id, error)
+        with self.engine.begin() as connection:
+            catalog.reject_run(connection, run.seq, error)
+        if run.spool_path:
+            self.spool.remove(run.spool_path)
+
+    def _commit(self, stream: str, runs: list[RunRecord]) -> None:
+        lost = [r for r in runs if not (r.spool_path and Path(r.spool_path).exists())]
+        for run in lost:
+            self._reject(run, "the run's spool file is missing; post the run again")
+        runs = [r for r in runs if r not in lost]
+        if not runs:
+            return
+        data = pa.concat_tables(
+            [_with_run_column(self.spool.read(r.spool_path), r.seq) for r in runs]  # type: ignore[arg-type]
+        )
+        for _attempt in range(10):
+            plans = self.streams()
+            if stream not in plans:  # dropped meanwhile: its runs went with it
+                break
+            dependents = catalog.dependents(plans, stream)
+            partials = self.backend.partials(data, dependents)
+            try:
+                self._write(stream, runs, data, dependents, partials)
+                break
+            except _Retry as retry:
+                runs = retry.runs
+            if not runs:
+                break
+            keep = pa.array([r.seq for r in runs], pa.int64())
+            data = data.filter(pc.is_in(data[RUN_COLUMN], value_set=keep))
+        else:
+            raise RuntimeError(f"runs of {stream!r} kept racing with stream DDL")
+        for run in runs:
+            if run.spool_path:
+                self.spool.remove(run.spool_path)
+
+    def _write(
+        self,
+        stream: str,
+        runs: list[RunRecord],
+        data: pa.Table,
+        dependents: list[DerivedStreamPlan],
+        partials: dict[str, pa.Table],
+    ) -> None:
+        """One transaction: raw rows, partial rows, commit marker. Raises _Retry with the
+        runs still to commit when the dependents or the set of pending runs changed."""
+        with self.engine.begin() as connection:
+            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(
+                sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(
+                    internal_table(raw_archive_table(stream))
+                )
+            )
+            # Under the lock, the dependents are final (see _backfill): recompute if changed.
+            current = catalog.dependents(self.plans.load(connection), stream)
+            if [p.name for p in current] != [p.name for p in dependents]:
+                raise _Retry(runs)
+            committed = set(
+                connection.execute(
+                    sa.update(catalog.runs)
+                    .where(
+                        catalog.runs.c.seq.in_([r.seq for r in runs]),
+                        catalog.runs.c.status == "pending",
+                    )
+                    .values(status="committed", committed_at=sa.func.now())
+                    .returning(catalog.runs.c.seq)
+                ).scalars()
+            )
+            if committed != {r.seq for r in runs}:
+                raise _Retry([r for r in runs if r.seq in committed])
+            copy_in(cursor, raw_archive_table(stream), data)
+            for plan in dependents:
+                copy_in(cursor, partial_archive_table(plan.name), partials[plan.name])
+
+
+ServiceFactory = Callable[[], StrataService]
