@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +23,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
+def _shutting_down(signum: int, _frame: object) -> None:
+    logging.getLogger("strata").info("%s: shutting down", signal.Signals(signum).name)
+
+
 def up(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -35,8 +40,11 @@ def up(args: argparse.Namespace) -> int:
         details = runtime.info()
         app = create_app(runtime.service, settings, details)
         print(json.dumps(details), flush=True)
-        # uvicorn turns SIGINT/SIGTERM into a graceful shutdown; then `running` stops
-        # the worker, Spark and the embedded PostgreSQL in turn.
+        # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and, once done, raises
+        # the signal again for the handler it found installed. That handler must not end
+        # the process: `running` still has to stop the worker, Spark and PostgreSQL.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _shutting_down)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     return 0
 

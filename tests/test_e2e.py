@@ -1,0 +1,161 @@
+"""`strata up` as a subprocess, used the way a newcomer would: HTTP, then psql."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from server.embedded_pg import POSTGRES_BIN_PATH
+
+pytestmark = pytest.mark.e2e
+
+IMPSNS = (
+    "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
+    "WITH (event_time = 't')"
+)
+COUNT = (
+    "CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, window_end AS t "
+    "FROM TUMBLE(impsns, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"strata-{self.port}.log"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "up", "--port", str(self.port),
+             "--data-dir", str(self.data_dir)],
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-4000:]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("strata up did not become healthy:\n" + self.log.read_text()[-4000:])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.process is not None
+        if sig == signal.SIGKILL:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        else:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=90)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    instance = Server(tmp_path / "data")
+    instance.start()
+    yield instance
+    if instance.process is not None and instance.process.poll() is None:
+        instance.stop()
+    # Stop a PostgreSQL a test left running (after kill -9) so nothing outlives the test.
+    subprocess.run(
+        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(tmp_path / "data/postgres/pgdata"),
+         "-m", "immediate", "stop"],
+        capture_output=True,
+        check=False,
+        user="strata_pg" if os.geteuid() == 0 else None,
+    )
+
+
+def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
+    client = httpx.Client(base_url=server.url, timeout=120)
+    info = client.get("/info").json()
+    database_url = info["database_url"]
+    assert database_url.startswith("postgresql://")
+
+    assert client.post("/streams", json={"sql": IMPSNS}).status_code == 201
+    assert client.post("/streams", json={"sql": COUNT}).status_code == 201
+    body = "".join(
+        json.dumps({"campaign": c, "user_id": i, "price": "1.25", "t": f"2024-01-01T00:0{m}:00Z"})
+        + "\n"
+        for i, (c, m) in enumerate([("a", 0), ("a", 0), ("b", 1), ("a", 2)])
+    )
+    response = client.post(
+        "/streams/impsns/runs?wait=true&run_id=first",
+        content=body,
+        headers={"content-type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200
+    assert response.json() == {"run_id": "first", "status": "committed", "rows": 4}
+    late = "campaign,user_id,price,t\na,9,2.5,2024-01-01T00:00:30Z\n"
+    response = client.post(
+        "/streams/impsns/runs?wait=true", content=late, headers={"content-type": "text/csv"}
+    )
+    assert response.status_code == 200
+
+    # psql, the client users have, accepts the URL and sees the views by their names.
+    psql = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), database_url, "-At", "-c",
+         "SELECT campaign || '=' || c FROM impsn_count ORDER BY t, campaign"],
+        capture_output=True, text=True, check=True,
+    )
+    assert psql.stdout.split() == ["a=3", "b=1", "a=1"]
+
+    # `strata info` agrees with GET /info.
+    cli = subprocess.run(
+        [sys.executable, "-m", "server.cli", "info", "--data-dir", str(server.data_dir)],
+        capture_output=True, text=True, check=True,
+    )
+    assert json.loads(cli.stdout)["database_url"] == database_url
+
+    # Clean shutdown on SIGTERM, then a restart on the same data dir keeps everything.
+    assert server.stop(signal.SIGTERM) == 0
+    server.start()
+    with psycopg.connect(database_url) as connection:
+        assert connection.execute("SELECT sum(c) FROM impsn_count").fetchone() == (5,)
+    retry = httpx.post(
+        f"{server.url}/streams/impsns/runs?wait=true&run_id=first",
+        content=body,
+        headers={"content-type": "application/x-ndjson"},
+        timeout=60,
+    )
+    assert retry.json() == {"run_id": "first", "status": "committed", "rows": 4}
+
+
+def test_restart_after_kill_9_reuses_running_postgres(server: Server) -> None:
+    client = httpx.Client(base_url=server.url, timeout=120)
+    database_url = client.get("/info").json()["database_url"]
+    assert client.post("/streams", json={"sql": IMPSNS}).status_code == 201
+    # kill -9 of the server's process group: the embedded PostgreSQL (its own session)
+    # keeps running and leaves its pid file; the next `strata up` must attach to it.
+    server.stop(signal.SIGKILL)
+    server.start()
+    assert httpx.get(f"{server.url}/info").json()["database_url"] == database_url
+    assert [s["name"] for s in httpx.get(f"{server.url}/streams").json()] == ["impsns"]
