@@ -20,7 +20,9 @@ def column_def(name: str, pg_type: SqlType | str, *, not_null: bool = False) -> 
     if type_name == "text":
         # Text compares by code point in Spark; the archives and the views compare the same
         # way, so min/max and grouping agree between the engines on any server collation.
-        constraints.append(exp.ColumnConstraint(kind=exp.CollateColumnConstraint(this=exp.Var(this='"C"'))))
+        constraints.append(
+            exp.ColumnConstraint(kind=exp.CollateColumnConstraint(this=exp.Var(this='"C"')))
+        )
     if not_null:
         constraints.append(exp.ColumnConstraint(kind=exp.NotNullColumnConstraint()))
     return exp.ColumnDef(
@@ -31,7 +33,9 @@ def column_def(name: str, pg_type: SqlType | str, *, not_null: bool = False) -> 
 
 
 def create_table(target: exp.Table, columns: list[exp.ColumnDef]) -> str:
-    return exp.Create(this=exp.Schema(this=target, expressions=columns), kind="TABLE").sql("postgres")
+    return exp.Create(this=exp.Schema(this=target, expressions=columns), kind="TABLE").sql(
+        "postgres"
+    )
 
 
 def create_view(name: str, query: exp.Select) -> str:
@@ -47,7 +51,8 @@ def drop(kind: str, target: exp.Table) -> str:
 def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
     archive = table(naming.raw_archive_table(statement.name))
     columns = [
-        column_def(c.name, c.type, not_null=c.name == statement.event_time) for c in statement.columns
+        column_def(c.name, c.type, not_null=c.name == statement.event_time)
+        for c in statement.columns
     ]
     columns.append(column_def(naming.RUN_COLUMN, "bigint", not_null=True))
     view = exp.select(*(exp.column(c.name, quoted=True) for c in statement.columns)).from_(

@@ -11,7 +11,7 @@ from rewriter.resolve_window import WindowSpec
 from rewriter.split_aggregates import SplitQuery
 
 
-def window_start_spark(time_column: str, size_us: int) -> exp.Expression:
+def window_start_spark(time_column: str, size_us: int) -> exp.Expr:
     """Start of the epoch-aligned window holding ``time_column``, computed in microseconds."""
     micros = exp.func("unix_micros", exp.column(time_column, quoted=True))
     offset = exp.func("pmod", micros.copy(), exp.Literal.number(size_us))
@@ -22,7 +22,7 @@ def partial_query(split: SplitQuery, window: WindowSpec) -> str:
     """Spark SQL computing one partial row per run, window and group over a batch of runs."""
     start = window_start_spark(window.time_column, window.size_us)
     run = exp.column(naming.RUN_COLUMN, quoted=True)
-    projections: list[exp.Expression] = [
+    projections: list[exp.Expr] = [
         run,
         exp.alias_(start, naming.WINDOW_START_COLUMN, quoted=True),
     ]
@@ -44,8 +44,9 @@ def _partial_columns(split: SplitQuery) -> list[tuple[str, str]]:
     return columns
 
 
-def _group_columns(split: SplitQuery) -> list[exp.Expression]:
-    return [exp.column(naming.WINDOW_START_COLUMN)] + [exp.column(k.column) for k in split.keys]
+def _group_columns(split: SplitQuery) -> list[exp.Expr]:
+    names = [naming.WINDOW_START_COLUMN, *(k.column for k in split.keys)]
+    return [exp.column(name) for name in names]
 
 
 def view_query(name: str, split: SplitQuery) -> exp.Select:
@@ -96,9 +97,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
     ).sql("postgres")
     view = view_query(name, split)
     result_types = {a.call: a.result_type for a in split.aggregates}
-    outputs = tuple(
-        OutputColumn(n, _output_type(e, split, result_types)) for n, e in split.outputs
-    )
+    outputs = tuple(OutputColumn(n, _output_type(e, split, result_types)) for n, e in split.outputs)
     return DerivedStreamPlan(
         name=name,
         source=window.source.name,
@@ -123,7 +122,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
 
 
 def _output_type(
-    expression: exp.Expression, split: SplitQuery, result_types: dict[str, str]
+    expression: exp.Expr, split: SplitQuery, result_types: dict[str, str]
 ) -> str | None:
     if isinstance(expression, exp.Cast):
         return expression.to.sql("postgres").lower()

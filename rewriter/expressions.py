@@ -30,16 +30,16 @@ BOOLEAN = SqlType("boolean")
 TEXT = SqlType("text")
 
 
-def _position(node: exp.Expression) -> str:
+def _position(node: exp.Expr) -> str:
     sql = node.sql("postgres")
     return sql if len(sql) <= 60 else sql[:57] + "..."
 
 
-def unsupported(node: exp.Expression, what: str) -> UnsupportedSQL:
+def unsupported(node: exp.Expr, what: str) -> UnsupportedSQL:
     return UnsupportedSQL(f"{what} in {_position(node)!r}; supported here: {SUPPORTED_EXPRESSIONS}")
 
 
-def infer_type(node: exp.Expression, schema: Schema) -> SqlType:
+def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
     """PostgreSQL's result type of a supported row-level expression."""
     if isinstance(node, exp.Paren):
         return infer_type(node.this, schema)
@@ -101,13 +101,13 @@ def infer_type(node: exp.Expression, schema: Schema) -> SqlType:
     raise unsupported(node, f"{type(node).__name__.lower()} is not supported")
 
 
-def _require_number(node: exp.Expression, sql_type: SqlType) -> SqlType:
+def _require_number(node: exp.Expr, sql_type: SqlType) -> SqlType:
     if not sql_type.is_number:
         raise unsupported(node, f"arithmetic needs numbers, not {sql_type.pg()}")
     return sql_type
 
 
-def _promote(node: exp.Expression, left: SqlType, right: SqlType) -> SqlType:
+def _promote(node: exp.Expr, left: SqlType, right: SqlType) -> SqlType:
     if left.is_float or right.is_float:
         # PostgreSQL has no float4-with-integer operators that stay float4 in general:
         # anything mixed with a float computes in double precision.
@@ -119,7 +119,7 @@ def _promote(node: exp.Expression, left: SqlType, right: SqlType) -> SqlType:
     return left if _INT_RANK[left.name] >= _INT_RANK[right.name] else right
 
 
-def _common(node: exp.Expression, parts: list[exp.Expression], schema: Schema) -> SqlType:
+def _common(node: exp.Expr, parts: list[exp.Expr], schema: Schema) -> SqlType:
     types = [infer_type(p, schema) for p in parts if not isinstance(p, exp.Null)]
     if not types:
         return TEXT
@@ -134,13 +134,13 @@ def _common(node: exp.Expression, parts: list[exp.Expression], schema: Schema) -
     return result
 
 
-def to_spark(node: exp.Expression, schema: Schema) -> exp.Expression:
+def to_spark(node: exp.Expr, schema: Schema) -> exp.Expr:
     """Translate a PostgreSQL row-level expression into one Spark evaluates identically."""
     infer_type(node, schema)  # validates the whole tree against the allowlist
     return _translate(node, schema)
 
 
-def _translate(node: exp.Expression, schema: Schema) -> exp.Expression:
+def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
     # Types are read off the original (PostgreSQL) tree; children are translated first.
     if isinstance(node, exp.Column):
         return exp.column(node.name, quoted=True)

@@ -36,7 +36,9 @@ def check_stream_name(name: str) -> str:
             f"starting with a letter or underscore, at most {MAX_STREAM_NAME} characters"
         )
     if name.startswith(_RESERVED_PREFIX):
-        raise InvalidSQL(f"invalid stream name {name!r}: the prefix {_RESERVED_PREFIX!r} is reserved")
+        raise InvalidSQL(
+            f"invalid stream name {name!r}: the prefix {_RESERVED_PREFIX!r} is reserved"
+        )
     return name
 
 

@@ -50,11 +50,7 @@ def parse_stream(sql: str) -> StreamStatement:
             "only one statement per request is accepted; found a ';' at line "
             f"{semicolons[0].line}, column {semicolons[0].col}"
         )
-    if (
-        len(body) < 3
-        or body[0].token_type != TokenType.CREATE
-        or body[1].text.upper() != "STREAM"
-    ):
+    if len(body) < 3 or body[0].token_type != TokenType.CREATE or body[1].text.upper() != "STREAM":
         raise InvalidSQL(f"expected a CREATE STREAM statement, e.g. {EXAMPLE}")
     # sqlglot knows CREATE TABLE; swap the keyword in place (same width keeps error positions).
     keyword = body[1]
@@ -88,7 +84,9 @@ def _options(statement: exp.Create) -> dict[str, str]:
     found: dict[str, str] = {}
     properties = statement.args.get("properties")
     for prop in properties.expressions if properties else []:
-        if not isinstance(prop, exp.Property) or not isinstance(prop.args.get("value"), exp.Literal):
+        if not isinstance(prop, exp.Property) or not isinstance(
+            prop.args.get("value"), exp.Literal
+        ):
             raise UnsupportedSQL(
                 f"unsupported stream property {prop.sql('postgres')!r}; "
                 f"supported: WITH ({', '.join(o + ' = ...' for o in RAW_OPTIONS)})"
@@ -161,7 +159,5 @@ def _derived(statement: exp.Create) -> DerivedStreamStatement:
 
 def _table_name(table: exp.Table) -> str:
     if table.args.get("db") or table.args.get("catalog"):
-        raise InvalidSQL(
-            f"stream names are not schema-qualified: {table.sql('postgres')!r}"
-        )
+        raise InvalidSQL(f"stream names are not schema-qualified: {table.sql('postgres')!r}")
     return table.name

@@ -38,7 +38,9 @@ class DerivedStreamPlan:
     window_size_us: int
     parallelism: str  # "PP" (parallel, partial/reduce/final) or "SP" (serial)
     parallelism_reason: str
-    partial_query: str  # Spark SQL over the run's rows (RUN_ROWS_VIEW), one row per run/window/group
+    partial_query: (
+        str  # Spark SQL over the run's rows (RUN_ROWS_VIEW), one row per run/window/group
+    )
     partial_columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type) of the partial archive
     create_statements: tuple[str, ...]  # PostgreSQL: partial archive table, consolidating view
     drop_statements: tuple[str, ...]

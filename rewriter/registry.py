@@ -5,14 +5,14 @@ a *reduce* aggregate (partial state -> partial state, PostgreSQL) and a *final* 
 (partial state -> answer, PostgreSQL, in the consolidating view). State columns are plain,
 documented columns of the partial archive, never opaque blobs.
 
-| aggregate  | state columns (partial, in Spark)        | reduce       | final (PostgreSQL)              |
-|------------|------------------------------------------|--------------|---------------------------------|
-| count(*)   | count = count(*)                         | sum          | sum(count)::bigint              |
-| count(x)   | count = count(x)                         | sum          | sum(count)::bigint              |
-| sum(x)     | sum = sum(x)                             | sum          | sum(sum)::<type of sum(x)>      |
-| min(x)     | min = min(x)                             | min          | min(min)                        |
-| max(x)     | max = max(x)                             | max          | max(max)                        |
-| avg(x)     | sum = sum(x), count = count(x)           | sum, sum     | sum(sum) / nullif(sum(count),0) |
+| aggregate | state columns (partial, Spark) | reduce   | final (PostgreSQL)               |
+|-----------|--------------------------------|----------|----------------------------------|
+| count(*)  | count = count(*)               | sum      | sum(count)::bigint               |
+| count(x)  | count = count(x)               | sum      | sum(count)::bigint               |
+| sum(x)    | sum = sum(x)                   | sum      | sum(sum)::<type of sum(x)>       |
+| min(x)    | min = min(x)                   | min      | min(min)                         |
+| max(x)    | max = max(x)                   | max      | max(max)                         |
+| avg(x)    | sum = sum(x), count = count(x) | sum, sum | sum(sum) / nullif(sum(count), 0) |
 
 Adding an aggregate is one entry here plus its tests.
 """
@@ -33,7 +33,7 @@ class StateSpec:
     """One state column of an aggregate's partial form."""
 
     name: str
-    spark_partial: Callable[[exp.Expression | None, SqlType | None], exp.Expression]
+    spark_partial: Callable[[exp.Expr | None, SqlType | None], exp.Expr]
     reduce: str  # PostgreSQL aggregate that merges this state (same form in and out)
     pg_type: Callable[[SqlType | None], str]
 
@@ -44,18 +44,18 @@ class AggregateRule:
     takes_star: bool
     states: tuple[StateSpec, ...]
     # Final form over the *reduced* states (each already wrapped in its reduce aggregate).
-    final: Callable[[list[exp.Expression], SqlType | None], exp.Expression]
+    final: Callable[[list[exp.Expr], SqlType | None], exp.Expr]
     result_type: Callable[[SqlType | None], str]
     accepts: Callable[[SqlType], bool]
     accepts_text: str
 
 
-def _arg(arg: exp.Expression | None) -> exp.Expression:
+def _arg(arg: exp.Expr | None) -> exp.Expr:
     assert arg is not None
     return arg
 
 
-def _sum_input(arg: exp.Expression | None, arg_type: SqlType | None) -> exp.Expression:
+def _sum_input(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
     # Spark sums bigint in bigint and overflows; PostgreSQL sums bigint in numeric. Sum in
     # decimal(38,0) instead, which is exact for any realistic run.
     value = _arg(arg)
@@ -92,11 +92,11 @@ def _minmax_type(arg_type: SqlType | None) -> str:
     return arg_type.name
 
 
-def _cast(node: exp.Expression, pg_type: str) -> exp.Expression:
+def _cast(node: exp.Expr, pg_type: str) -> exp.Expr:
     return exp.cast(node, exp.DataType.build(pg_type, dialect="postgres"))
 
 
-def _avg_final(reduced: list[exp.Expression], arg_type: SqlType | None) -> exp.Expression:
+def _avg_final(reduced: list[exp.Expr], arg_type: SqlType | None) -> exp.Expr:
     total, count = reduced
     result_type = _avg_type(arg_type)
     return exp.Div(
@@ -148,9 +148,7 @@ REGISTRY: dict[str, AggregateRule] = {
         name="sum",
         takes_star=False,
         states=(
-            StateSpec(
-                "sum", lambda a, t: exp.Sum(this=_sum_input(a, t)), "sum", _sum_state_type
-            ),
+            StateSpec("sum", lambda a, t: exp.Sum(this=_sum_input(a, t)), "sum", _sum_state_type),
         ),
         final=lambda reduced, t: _cast(reduced[0], _sum_type(t)),
         result_type=_sum_type,
@@ -191,7 +189,7 @@ REGISTRY: dict[str, AggregateRule] = {
 
 SUPPORTED_AGGREGATES = "count(*), count(x), sum(x), min(x), max(x), avg(x)"
 
-_NODE_TO_NAME: dict[type[exp.Expression], str] = {
+_NODE_TO_NAME: dict[type[exp.Expr], str] = {
     exp.Count: "count",
     exp.Sum: "sum",
     exp.Min: "min",
@@ -200,11 +198,11 @@ _NODE_TO_NAME: dict[type[exp.Expression], str] = {
 }
 
 
-def is_aggregate(node: exp.Expression) -> bool:
+def is_aggregate(node: exp.Expr) -> bool:
     return isinstance(node, exp.AggFunc)
 
 
-def rule_for(node: exp.Expression) -> AggregateRule:
+def rule_for(node: exp.Expr) -> AggregateRule:
     """The registry entry for an aggregate call, or an error naming what is supported."""
     name = _NODE_TO_NAME.get(type(node))
     shown = node.sql("postgres")

@@ -44,7 +44,8 @@ class WindowSpec:
     size_us: int
 
     def describe(self) -> str:
-        return f"TUMBLE({self.source.name}, {self.time_column}, INTERVAL '{interval_text(self.size_us)}')"
+        size = interval_text(self.size_us)
+        return f"TUMBLE({self.source.name}, {self.time_column}, INTERVAL '{size}')"
 
 
 def interval_text(size_us: int) -> str:
@@ -64,7 +65,7 @@ def interval_text(size_us: int) -> str:
     raise AssertionError("unreachable")
 
 
-def parse_interval(node: exp.Expression) -> int:
+def parse_interval(node: exp.Expr) -> int:
     """Microseconds in a fixed-length INTERVAL literal; months and years are refused."""
     if not isinstance(node, exp.Interval) or not isinstance(node.this, exp.Literal):
         raise UnsupportedSQL(f"window size must be an INTERVAL literal, e.g. {WINDOW_FORM}")

@@ -23,15 +23,15 @@ from rewriter.types import SqlType
 @dataclass(frozen=True)
 class GroupKey:
     column: str
-    expression: exp.Expression  # as written, PostgreSQL
-    spark: exp.Expression
+    expression: exp.Expr  # as written, PostgreSQL
+    spark: exp.Expr
     type: SqlType
 
 
 @dataclass(frozen=True)
 class StateColumn:
     column: str
-    spark: exp.Expression  # Spark partial aggregate
+    spark: exp.Expr  # Spark partial aggregate
     pg_type: str
     reduce: str  # PostgreSQL aggregate merging the state
 
@@ -40,7 +40,7 @@ class StateColumn:
 class SplitAggregate:
     call: str  # the aggregate as written
     states: tuple[StateColumn, ...]
-    final: exp.Expression  # PostgreSQL, over the partial archive's state columns
+    final: exp.Expr  # PostgreSQL, over the partial archive's state columns
     result_type: str
 
 
@@ -48,9 +48,9 @@ class SplitAggregate:
 class SplitQuery:
     keys: tuple[GroupKey, ...]
     aggregates: tuple[SplitAggregate, ...]
-    where_spark: exp.Expression | None
-    outputs: tuple[tuple[str, exp.Expression], ...]  # view SELECT items over the archive
-    having: exp.Expression | None
+    where_spark: exp.Expr | None
+    outputs: tuple[tuple[str, exp.Expr], ...]  # view SELECT items over the archive
+    having: exp.Expr | None
 
 
 _UNSUPPORTED_CLAUSES = {
@@ -82,7 +82,9 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     for item in items:
         name = _output_name(item)
         if name in seen:
-            raise UnsupportedSQL(f"output column {name!r} appears twice; give each a distinct alias")
+            raise UnsupportedSQL(
+                f"output column {name!r} appears twice; give each a distinct alias"
+            )
         seen.add(name)
         expression = item.this if isinstance(item, exp.Alias) else item
         outputs.append((name, split.final_form(expression)))
@@ -99,7 +101,7 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     )
 
 
-def _output_name(item: exp.Expression) -> str:
+def _output_name(item: exp.Expr) -> str:
     if isinstance(item, exp.Alias):
         return item.alias
     if isinstance(item, exp.Column):
@@ -110,7 +112,7 @@ def _output_name(item: exp.Expression) -> str:
     raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
 
 
-def _is_window_ref(node: exp.Expression) -> bool:
+def _is_window_ref(node: exp.Expr) -> bool:
     return isinstance(node, exp.Column) and node.name in (
         naming.WINDOW_START_COLUMN,
         naming.WINDOW_END_COLUMN,
@@ -118,7 +120,7 @@ def _is_window_ref(node: exp.Expression) -> bool:
 
 
 def _group_keys(
-    select: exp.Select, items: list[exp.Expression], schema: dict[str, SqlType]
+    select: exp.Select, items: list[exp.Expr], schema: dict[str, SqlType]
 ) -> list[GroupKey]:
     group = select.args.get("group")
     if group is None or not group.expressions:
@@ -143,7 +145,9 @@ def _group_keys(
             has_window = True
             continue
         if any(True for _ in expression.find_all(exp.AggFunc)):
-            raise UnsupportedSQL(f"GROUP BY {expression.sql('postgres')!r}: aggregates cannot be keys")
+            raise UnsupportedSQL(
+                f"GROUP BY {expression.sql('postgres')!r}: aggregates cannot be keys"
+            )
         if any(k.expression == expression for k in keys):
             continue
         key_type = infer_type(expression, schema)
@@ -170,7 +174,7 @@ class _Splitter:
         self.aggregates: list[SplitAggregate] = []
         self._by_call: dict[str, SplitAggregate] = {}
 
-    def final_form(self, node: exp.Expression) -> exp.Expression:
+    def final_form(self, node: exp.Expr) -> exp.Expr:
         for key in self.keys:
             if node == key.expression:
                 return exp.column(key.column)
@@ -180,7 +184,9 @@ class _Splitter:
             if node.name == naming.WINDOW_END_COLUMN:
                 return exp.Add(
                     this=exp.column(naming.WINDOW_START_COLUMN),
-                    expression=exp.Interval(this=exp.Literal.string(interval_text(self.window.size_us))),
+                    expression=exp.Interval(
+                        this=exp.Literal.string(interval_text(self.window.size_us))
+                    ),
                 )
             raise UnsupportedSQL(
                 f"column {node.name!r} must appear in GROUP BY or be used in an aggregate function"
@@ -192,7 +198,7 @@ class _Splitter:
             child.replace(self.final_form(child))
         return copy
 
-    def _aggregate(self, node: exp.Expression) -> SplitAggregate:
+    def _aggregate(self, node: exp.Expr) -> SplitAggregate:
         call = node.sql("postgres")
         if call in self._by_call:
             return self._by_call[call]
@@ -202,7 +208,9 @@ class _Splitter:
             raise UnsupportedSQL(f"{call!r}: aggregates cannot be nested")
         arg_type = infer_type(argument, self.schema) if argument is not None else None
         if arg_type is not None and not rule.accepts(arg_type):
-            raise UnsupportedSQL(f"{call!r}: {rule.name} takes {rule.accepts_text}, not {arg_type.pg()}")
+            raise UnsupportedSQL(
+                f"{call!r}: {rule.name} takes {rule.accepts_text}, not {arg_type.pg()}"
+            )
         spark_arg = to_spark(argument, self.schema) if argument is not None else None
         index = len(self.aggregates)
         states = tuple(
@@ -214,8 +222,10 @@ class _Splitter:
             )
             for state in rule.states
         )
-        reduced: list[exp.Expression] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
-        split = SplitAggregate(call, states, rule.final(reduced, arg_type), rule.result_type(arg_type))
+        reduced: list[exp.Expr] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
+        split = SplitAggregate(
+            call, states, rule.final(reduced, arg_type), rule.result_type(arg_type)
+        )
         self.aggregates.append(split)
         self._by_call[call] = split
         return split

@@ -85,7 +85,7 @@ _SPARK_NAMES = {
     "date": "date",
 }
 
-_FROM_SQLGLOT: dict[exp.DataType.Type, str] = {
+_FROM_SQLGLOT: dict[object, str] = {
     exp.DataType.Type.TEXT: "text",
     exp.DataType.Type.VARCHAR: "text",
     exp.DataType.Type.CHAR: "text",

@@ -28,9 +28,7 @@ class SparkBackend:
             self._local.session = session
         return session
 
-    def partials(
-        self, rows: pa.Table, plans: list[DerivedStreamPlan]
-    ) -> dict[str, pa.Table]:
+    def partials(self, rows: pa.Table, plans: list[DerivedStreamPlan]) -> dict[str, pa.Table]:
         """Partial rows of every plan over ``rows`` (which carry the run column)."""
         if not plans or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in plans}

@@ -109,8 +109,13 @@ class RunRecord:
     spool_path: str | None
 
     def to_dict(self) -> dict[str, object]:
-        return {"run_id": self.run_id, "stream": self.stream, "status": self.status,
-                "rows": self.rows, "error": self.error}
+        return {
+            "run_id": self.run_id,
+            "stream": self.stream,
+            "status": self.status,
+            "rows": self.rows,
+            "error": self.error,
+        }
 
 
 class PlanCache:
@@ -122,8 +127,9 @@ class PlanCache:
 
     def load(self, connection: sa.Connection) -> dict[str, StreamRecord]:
         rows = connection.execute(
-            sa.select(streams.c.name, streams.c.kind, streams.c.sql, streams.c.created_at)
-            .order_by(streams.c.created_seq)
+            sa.select(streams.c.name, streams.c.kind, streams.c.sql, streams.c.created_at).order_by(
+                streams.c.created_seq
+            )
         ).all()
         plans: dict[str, StreamPlan] = {}
         records: dict[str, StreamRecord] = {}
@@ -172,8 +178,9 @@ def delete_stream(connection: sa.Connection, name: str) -> None:
 
 
 def _run(row: sa.Row) -> RunRecord:
-    return RunRecord(row.seq, row.run_id, row.stream, row.status, row.rows, row.error,
-                     row.spool_path)
+    return RunRecord(
+        row.seq, row.run_id, row.stream, row.status, row.rows, row.error, row.spool_path
+    )
 
 
 def get_run(connection: sa.Connection, run_id: str) -> RunRecord | None:

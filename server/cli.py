@@ -34,7 +34,9 @@ def up(args: argparse.Namespace) -> int:
     from server.runtime import running
 
     settings = _settings(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     with running(settings) as runtime:
         details = runtime.info()

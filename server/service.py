@@ -29,7 +29,7 @@ from psycopg import sql
 from pyspark.errors import PySparkException
 
 from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
-from rewriter.errors import StreamExists, StreamInUse, StrataError, UnknownStream
+from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog
 from server.archive import copy_in, copy_out, internal_table
@@ -64,8 +64,12 @@ class RunResult:
     error: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"run_id": self.run_id, "status": self.status, "rows": self.rows,
-                "error": self.error}
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "rows": self.rows,
+            "error": self.error,
+        }
 
 
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
@@ -126,9 +130,7 @@ class StrataService:
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
 
-    def _backfill(
-        self, connection: sa.Connection, plan: DerivedStreamPlan, source: object
-    ) -> None:
+    def _backfill(self, connection: sa.Connection, plan: DerivedStreamPlan, source: object) -> None:
         """Compute the new stream over everything its raw source already archived.
 
         SHARE mode blocks run commits into the source until this transaction commits;
@@ -154,7 +156,8 @@ class StrataService:
             if record is None:
                 raise UnknownStream(f"stream {name!r} does not exist")
             users = sorted(
-                r.name for r in records.values()
+                r.name
+                for r in records.values()
                 if isinstance(r.plan, DerivedStreamPlan) and name in r.plan.dependencies
             )
             if users:
@@ -182,8 +185,7 @@ class StrataService:
         record = self.stream(stream)
         if not isinstance(record.plan, RawStreamPlan):
             raise NotARawStream(
-                f"stream {stream!r} is derived; post runs to its raw source "
-                f"{record.plan.source!r}"  # type: ignore[union-attr]
+                f"stream {stream!r} is derived; post runs to its raw source {record.plan.source!r}"  # type: ignore[union-attr]
             )
         table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
         path = self.spool.write(table)

@@ -11,10 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from fastapi.testclient import TestClient
 from psycopg import sql
 from pyspark.sql import SparkSession
-
-from fastapi.testclient import TestClient
 
 from server.api.app import create_app
 from server.backend import SparkBackend
@@ -22,8 +21,8 @@ from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
 from server.service import StrataService
 from server.settings import Settings
-from server.spool import Spool
 from server.spark import create_spark_session, stop_spark_session
+from server.spool import Spool
 
 
 def with_database(url: str, dbname: str) -> str:
@@ -160,7 +159,8 @@ def module_strata(
     pg_url: str, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Strata]:
     """One Strata for a whole module (property tests use fresh stream names per example)."""
-    with new_database(pg_url) as url, strata_client(
-        url, spark, tmp_path_factory.mktemp("strata")
-    ) as instance:
+    with (
+        new_database(pg_url) as url,
+        strata_client(url, spark, tmp_path_factory.mktemp("strata")) as instance,
+    ):
         yield instance

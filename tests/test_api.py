@@ -93,8 +93,13 @@ def test_ndjson_and_csv_runs_reach_raw_archive_and_views(strata: Strata) -> None
         ("b", 2, "3.0000", "2024-01-01 00:02:00+00"),
     ]
     status = strata.client.get("/runs/r1").json()
-    assert status == {"run_id": "r1", "stream": "impsns", "status": "committed", "rows": 3,
-                      "error": None}
+    assert status == {
+        "run_id": "r1",
+        "stream": "impsns",
+        "status": "committed",
+        "rows": 3,
+        "error": None,
+    }
     assert strata.client.get("/runs/nope").status_code == 404
 
 
@@ -153,12 +158,23 @@ def test_run_id_of_another_stream_conflicts(strata: Strata) -> None:
         (ROWS.replace('"user_id": 2', '"user_id": "two"'), False, 2, "user_id"),
         (ROWS.replace('"price": 3', '"price": "abc"'), False, 3, "price"),
         ('{"campaign": "a", "user_id": 1, "price": 1}\n', False, 1, "'t'"),
-        ("campaign,user_id,price,t\na,1,1.0,2024-01-01T00:00:00Z\nb,x,1,2024-01-01T00:00:00Z\n",
-         True, 3, "user_id"),
+        (
+            "campaign,user_id,price,t\na,1,1.0,2024-01-01T00:00:00Z\nb,x,1,2024-01-01T00:00:00Z\n",
+            True,
+            3,
+            "user_id",
+        ),
         ("campaign,user_id,price\na,1,1.0\n", True, 1, "'t'"),
     ],
-    ids=["broken-json", "bad-timestamp", "non-numeric-int", "non-numeric-price",
-         "missing-event-time", "csv-bad-int", "csv-missing-event-time-column"],
+    ids=[
+        "broken-json",
+        "bad-timestamp",
+        "non-numeric-int",
+        "non-numeric-price",
+        "missing-event-time",
+        "csv-bad-int",
+        "csv-missing-event-time-column",
+    ],
 )
 def test_malformed_runs_are_refused_whole(
     strata: Strata, body: str, csv: bool, line: int, fragment: str

@@ -46,8 +46,16 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "up", "--port", str(self.port),
-             "--data-dir", str(self.data_dir)],
+            [
+                sys.executable,
+                "-m",
+                "server.cli",
+                "up",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+            ],
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
             env=env,
@@ -86,8 +94,14 @@ def server(tmp_path: Path) -> Iterator[Server]:
         instance.stop()
     # Stop a PostgreSQL a test left running (after kill -9) so nothing outlives the test.
     subprocess.run(
-        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(tmp_path / "data/postgres/pgdata"),
-         "-m", "immediate", "stop"],
+        [
+            str(POSTGRES_BIN_PATH / "pg_ctl"),
+            "-D",
+            str(tmp_path / "data/postgres/pgdata"),
+            "-m",
+            "immediate",
+            "stop",
+        ],
         capture_output=True,
         check=False,
         user="strata_pg" if os.geteuid() == 0 else None,
@@ -122,16 +136,25 @@ def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
 
     # psql, the client users have, accepts the URL and sees the views by their names.
     psql = subprocess.run(
-        [str(POSTGRES_BIN_PATH / "psql"), database_url, "-At", "-c",
-         "SELECT campaign || '=' || c FROM impsn_count ORDER BY t, campaign"],
-        capture_output=True, text=True, check=True,
+        [
+            str(POSTGRES_BIN_PATH / "psql"),
+            database_url,
+            "-At",
+            "-c",
+            "SELECT campaign || '=' || c FROM impsn_count ORDER BY t, campaign",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert psql.stdout.split() == ["a=3", "b=1", "a=1"]
 
     # `strata info` agrees with GET /info.
     cli = subprocess.run(
         [sys.executable, "-m", "server.cli", "info", "--data-dir", str(server.data_dir)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert json.loads(cli.stdout)["database_url"] == database_url
 

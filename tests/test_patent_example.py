@@ -13,11 +13,21 @@ from tests.conftest import Strata
 
 # (arrival position, event time within 2024-01-01 00:mm:ss); late ones are marked.
 ARRIVALS = [
-    ("00:30", False), ("01:10", False), ("02:00", False), ("04:50", False),
+    ("00:30", False),
+    ("01:10", False),
+    ("02:00", False),
+    ("04:50", False),
     ("05:20", False),  # the watermark passes 05:00: window [00:00, 00:05) closes
-    ("03:10", True), ("06:00", False), ("09:00", False), ("04:00", True),
+    ("03:10", True),
+    ("06:00", False),
+    ("09:00", False),
+    ("04:00", True),
     ("10:30", False),  # window [00:05, 00:10) closes
-    ("07:30", True), ("08:10", True), ("11:00", False), ("02:30", True), ("12:00", False),
+    ("07:30", True),
+    ("08:10", True),
+    ("11:00", False),
+    ("02:30", True),
+    ("12:00", False),
     ("09:40", True),
 ]
 
@@ -29,9 +39,7 @@ def _body(times: list[str]) -> str:
 
 
 def test_late_tuples_are_counted(strata: Strata) -> None:
-    strata.create(
-        "CREATE STREAM impsns (campaign text, t timestamptz) WITH (event_time = 't')"
-    )
+    strata.create("CREATE STREAM impsns (campaign text, t timestamptz) WITH (event_time = 't')")
     strata.create(
         "CREATE STREAM impsn_count AS SELECT count(*) AS c, window_end AS t "
         "FROM TUMBLE(impsns, t, INTERVAL '5 minutes') GROUP BY window_end"
@@ -58,6 +66,4 @@ def test_late_tuples_are_counted(strata: Strata) -> None:
     assert strata.query("SELECT c FROM impsn_count15") == [(16,)]
     assert strata.query("SELECT sum(c) FROM impsn_count") == [(16,)]
     # Each run left its own partial rows; the view consolidates them on read.
-    assert strata.query(
-        "SELECT count(*) FROM strata_internal.impsn_count__partial"
-    ) == [(5,)]
+    assert strata.query("SELECT count(*) FROM strata_internal.impsn_count__partial") == [(5,)]

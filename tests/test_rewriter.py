@@ -44,9 +44,7 @@ def _render(plan: DerivedStreamPlan) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(
-    "path", sorted((FIXTURES / "rewrite").glob("*.sql")), ids=lambda p: p.stem
-)
+@pytest.mark.parametrize("path", sorted((FIXTURES / "rewrite").glob("*.sql")), ids=lambda p: p.stem)
 def test_golden_rewrite(path: Path) -> None:
     sections = _sections(path.read_text())
     plan = rewrite(sections["input"], sources())

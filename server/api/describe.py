@@ -10,7 +10,8 @@ from server.catalog import StreamRecord
 def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str, object]:
     plan = record.plan
     dependents = sorted(
-        r.name for r in records.values()
+        r.name
+        for r in records.values()
         if isinstance(r.plan, DerivedStreamPlan) and record.name in r.plan.dependencies
     )
     base: dict[str, object] = {

