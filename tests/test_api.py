@@ -214,3 +214,22 @@ def test_derived_stream_backfills_history(strata: Strata) -> None:
         ("a", 4, "7.5000", "2024-01-01 00:01:00+00"),
         ("b", 2, "6.0000", "2024-01-01 00:02:00+00"),
     ]
+
+
+def test_run_spark_cannot_compute_is_rejected_whole_and_others_commit(strata: Strata) -> None:
+    strata.create(IMPSNS)
+    # bigint overflow in a group key: PostgreSQL raises on this too; Spark (ANSI) refuses it.
+    strata.create(
+        "CREATE STREAM scaled AS SELECT user_id * 4611686018427387904 AS k, count(*) AS c, "
+        "window_end FROM TUMBLE(impsns, t, INTERVAL '1 minute') "
+        "GROUP BY user_id * 4611686018427387904, window_end"
+    )
+    ok = '{"campaign": "a", "user_id": 1, "t": "2024-01-01T00:00:00Z"}\n'
+    overflow = '{"campaign": "a", "user_id": 3, "t": "2024-01-01T00:00:00Z"}\n'
+    bad = strata.post_run("impsns", overflow, run_id="overflow")
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["status"] == "rejected" and "overflow" in bad.json()["error"].lower()
+    assert strata.ingest("impsns", ok)["rows"] == 1
+    assert archived(strata) == 1
+    assert strata.query("SELECT c FROM scaled") == [(1,)]
+    assert strata.client.get("/runs/overflow").json()["status"] == "rejected"
