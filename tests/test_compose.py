@@ -1,0 +1,169 @@
+"""docker-compose.yml and the Dockerfile agree with each other and with Strata's settings.
+
+Docker is not needed: the files are parsed and cross-checked, so a renamed service, a
+changed password or a misspelt STRATA_* variable fails here instead of at `compose up`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from server.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+MASTER_PORT = 7077
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]  # type: ignore[no-any-return]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as a dict, whether written as a mapping or a list."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    cmd = service.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
+
+
+def dockerfile_cmd() -> list[str]:
+    """The exec-form CMD of the Dockerfile (the last one wins)."""
+    cmds = re.findall(r"^CMD\s+(\[.*\])\s*$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert cmds, "the Dockerfile has no exec-form CMD"
+    return yaml.safe_load(cmds[-1])  # type: ignore[no-any-return]
+
+
+def strata_subcommand(cmd: list[str]) -> list[str]:
+    assert cmd[:2] == ["strata", "up"], cmd
+    return cmd[2:]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_services_exist(services: dict[str, Any]) -> None:
+    assert {"postgres", "spark-master", "spark-worker", "strata"} <= set(services)
+
+
+def test_images(services: dict[str, Any]) -> None:
+    assert services["postgres"]["image"].startswith("postgres:16")
+    for name in ("spark-master", "spark-worker"):
+        assert re.fullmatch(r"(apache/)?spark:4\.0\.1(-python3)?", services[name]["image"])
+    assert "build" in services["strata"]
+
+
+def test_database_url_matches_postgres_service(services: dict[str, Any]) -> None:
+    pg_env = environment(services["postgres"])
+    url = urlsplit(environment(services["strata"])["STRATA_DATABASE_URL"])
+    assert url.scheme in ("postgresql", "postgres")
+    assert url.hostname == "postgres" and url.hostname in services
+    assert (url.port or 5432) == 5432
+    assert url.username == pg_env.get("POSTGRES_USER", "postgres")
+    assert url.password == pg_env["POSTGRES_PASSWORD"]
+    assert url.path.lstrip("/") == pg_env.get("POSTGRES_DB", url.username)
+
+
+def test_postgres_has_volume_and_pg_isready_healthcheck(services: dict[str, Any]) -> None:
+    postgres = services["postgres"]
+    assert any(str(v).endswith(":/var/lib/postgresql/data") for v in postgres["volumes"])
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+
+
+def test_spark_master_url_names_the_master_service(services: dict[str, Any]) -> None:
+    master_url = environment(services["strata"])["STRATA_SPARK_MASTER"]
+    url = urlsplit(master_url)
+    assert url.scheme == "spark"
+    assert url.hostname == "spark-master" and url.hostname in services
+    assert url.port == MASTER_PORT
+    master_cmd = command(services["spark-master"])
+    assert master_cmd[:2] == [
+        "/opt/spark/bin/spark-class",
+        "org.apache.spark.deploy.master.Master",
+    ]
+    assert flag(master_cmd, "--port") in (None, str(MASTER_PORT))
+    assert flag(master_cmd, "--host") in (None, "spark-master")
+    worker_cmd = command(services["spark-worker"])
+    assert worker_cmd[:2] == [
+        "/opt/spark/bin/spark-class",
+        "org.apache.spark.deploy.worker.Worker",
+    ]
+    assert worker_cmd[2] == master_url
+
+
+def test_master_ui_published_on_8081(services: dict[str, Any]) -> None:
+    ports = [str(p) for p in services["spark-master"]["ports"]]
+    assert "8081:8080" in ports
+    assert f"{MASTER_PORT}:{MASTER_PORT}" in ports
+
+
+def test_strata_env_vars_are_settings(services: dict[str, Any]) -> None:
+    fields = set(Settings.model_fields)
+    prefix = Settings.model_config["env_prefix"]
+    assert prefix == "STRATA_"
+    used = [
+        (name, key)
+        for name, service in services.items()
+        for key in environment(service)
+        if key.startswith(prefix)
+    ]
+    assert used, "compose sets no STRATA_* variable"
+    unknown = [(name, key) for name, key in used if key[len(prefix) :].lower() not in fields]
+    assert not unknown, f"not fields of server.settings.Settings: {unknown}"
+
+
+def test_strata_waits_for_healthy_dependencies(services: dict[str, Any]) -> None:
+    depends = services["strata"]["depends_on"]
+    assert depends["postgres"]["condition"] == "service_healthy"
+    assert depends["spark-master"]["condition"] in ("service_healthy", "service_started")
+    assert "spark-worker" in depends
+    assert "healthcheck" in services["spark-master"] or (
+        depends["spark-master"]["condition"] == "service_started"
+    )
+    assert services["spark-worker"]["depends_on"]["spark-master"]["condition"].startswith(
+        "service_"
+    )
+
+
+def test_strata_command_and_port(services: dict[str, Any]) -> None:
+    strata = services["strata"]
+    args = strata_subcommand(command(strata) or dockerfile_cmd())
+    assert flag(args, "--host") == "0.0.0.0"
+    port = flag(args, "--port") or "8080"
+    assert f"{port}:{port}" in [str(p) for p in strata["ports"]]
+    data_dir = flag(args, "--data-dir")
+    assert data_dir is not None
+    assert any(str(v).endswith(f":{data_dir}") for v in strata.get("volumes", []))
+
+
+def test_dockerfile_builds_strata(services: dict[str, Any]) -> None:
+    text = DOCKERFILE.read_text()
+    assert services["strata"]["build"] in (".", {"context": "."})
+    assert re.search(r"^FROM python:3\.11", text, re.MULTILINE)
+    assert "default-jre-headless" in text
+    assert re.search(r"pip install[^\n]* \.(\s|$)", text)
+    strata_subcommand(dockerfile_cmd())
+    # Everything a non-editable `pip install .` and the migrations need is in the image.
+    copied = " ".join(re.findall(r"^COPY\s+(.*)$", text, re.MULTILINE)).split()
+    for needed in ("pyproject.toml", "server", "rewriter", "migrations", "sql"):
+        assert needed in copied, f"the Dockerfile does not COPY {needed}"
