@@ -3,17 +3,22 @@
 Spark computes group keys, WHERE conditions and aggregate arguments; PostgreSQL is the
 oracle. Only expressions whose meaning is the same in both engines are accepted
 (invariant 4): an allowlist of node types, PostgreSQL's typing rules, and translations
-where the engines differ (``int / int`` is integer division in PostgreSQL, ``DIV`` in Spark).
+where the engines differ (``int / int`` is integer division in PostgreSQL, ``DIV`` in Spark;
+casts to integers round in PostgreSQL and truncate in Spark; lower()/upper() change ASCII
+letters only under the archives' "C" collation). tests/test_differential.py checks each
+against both engines.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping
+from decimal import Decimal
 
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
-from rewriter.types import SqlType
+from rewriter.types import SqlType, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
 
@@ -55,9 +60,17 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
             return TEXT
         text = node.this
         if "." in text or "e" in text.lower():
+            if _decimal_literal(text)[1] > 38:
+                raise unsupported(node, "numeric literals hold at most 38 digits (Spark's limit)")
             return SqlType("numeric")
         value = int(text)
-        return SqlType("integer") if -(2**31) <= value < 2**31 else SqlType("bigint")
+        if -(2**31) <= value < 2**31:
+            return SqlType("integer")
+        if -(2**63) <= value < 2**63:
+            return SqlType("bigint")
+        if len(text) > 38:
+            raise unsupported(node, "numeric literals hold at most 38 digits (Spark's limit)")
+        return SqlType("numeric")  # as in PostgreSQL: too large for bigint
     if isinstance(node, exp.Boolean):
         return BOOLEAN
     if isinstance(node, exp.Null):
@@ -67,8 +80,17 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
     if isinstance(node, _ARITHMETIC):
         left = _require_number(node, infer_type(node.this, schema))
         right = _require_number(node, infer_type(node.expression, schema))
+        if isinstance(node, exp.Mod) and (left.is_float or right.is_float):
+            raise unsupported(node, "% is not defined for real and double precision in PostgreSQL")
         return _promote(node, left, right)
-    if isinstance(node, (*_COMPARISON, exp.And, exp.Or, exp.Not, exp.Is)):
+    if isinstance(node, _COMPARISON):
+        _require_comparable(node, node.this, node.expression, schema)
+        return BOOLEAN
+    if isinstance(node, exp.And | exp.Or | exp.Not):
+        for operand in node.iter_expressions():
+            _require_boolean(node, operand, schema)
+        return BOOLEAN
+    if isinstance(node, exp.Is):
         for child in node.iter_expressions():
             infer_type(child, schema)
         return BOOLEAN
@@ -83,17 +105,24 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         return TEXT
     if isinstance(node, exp.Cast):
         inner = infer_type(node.this, schema)
-        from rewriter.types import sql_type_from_sqlglot
-
         target = sql_type_from_sqlglot(node.to, column=_position(node))
         if not (target.is_number and inner.is_number):
             raise unsupported(node, "CAST is supported between number types only")
+        if inner.is_float and target.is_numeric:
+            raise unsupported(
+                node,
+                "CAST from real or double precision to numeric is not supported, because "
+                "PostgreSQL first rounds the value to 15 significant digits and Spark does not",
+            )
         return target
     if isinstance(node, exp.Coalesce):
         return _common(node, [node.this, *node.expressions], schema)
     if isinstance(node, exp.Case):
         for branch in node.args.get("ifs") or []:
-            infer_type(branch.this, schema)
+            if node.this is None:
+                _require_boolean(node, branch.this, schema)
+            else:
+                _require_comparable(node, node.this, branch.this, schema)
         results = [b.args["true"] for b in node.args.get("ifs") or []]
         if node.args.get("default") is not None:
             results.append(node.args["default"])
@@ -105,6 +134,38 @@ def _require_number(node: exp.Expr, sql_type: SqlType) -> SqlType:
     if not sql_type.is_number:
         raise unsupported(node, f"arithmetic needs numbers, not {sql_type.pg()}")
     return sql_type
+
+
+def _untyped(node: exp.Expr) -> bool:
+    """A NULL or a string literal: PostgreSQL gives it the type its context needs."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return isinstance(node, exp.Null) or (isinstance(node, exp.Literal) and node.is_string)
+
+
+def _require_boolean(node: exp.Expr, operand: exp.Expr, schema: Schema) -> None:
+    found = infer_type(operand, schema)
+    if found != BOOLEAN and not isinstance(operand, exp.Null):
+        raise unsupported(node, f"needs a boolean, not {found.pg()}")
+
+
+def _require_comparable(node: exp.Expr, left: exp.Expr, right: exp.Expr, schema: Schema) -> None:
+    # PostgreSQL refuses e.g. text > integer; Spark would cast the text at run time (and fail
+    # on the first value that is no number). timestamptz vs timestamp or date would depend
+    # on PostgreSQL's session time zone.
+    types = (infer_type(left, schema), infer_type(right, schema))
+    if _untyped(left) or _untyped(right) or types[0].name == types[1].name:
+        return
+    if not (types[0].is_number and types[1].is_number):
+        raise unsupported(node, f"compares {types[0].pg()} with {types[1].pg()}")
+
+
+def _decimal_literal(text: str) -> tuple[str, int, int]:
+    """A numeric literal in plain notation (2.5e3 -> 2500), its precision and its scale."""
+    plain = format(Decimal(text), "f")
+    scale = len(plain.split(".", 1)[1]) if "." in plain else 0
+    precision = len(plain.replace("-", "").replace(".", ""))
+    return plain, max(precision, scale, 1), scale
 
 
 def _promote(node: exp.Expr, left: SqlType, right: SqlType) -> SqlType:
@@ -144,24 +205,52 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
     # Types are read off the original (PostgreSQL) tree; children are translated first.
     if isinstance(node, exp.Column):
         return exp.column(node.name, quoted=True)
-    if isinstance(node, exp.Literal) and not node.is_string and "." in node.this:
-        # A decimal literal is numeric in PostgreSQL; make Spark's type explicit too.
-        digits = node.this.replace("-", "").replace(".", "")
-        scale = len(node.this.split(".", 1)[1])
-        precision = max(len(digits), scale, 1)
-        return exp.cast(node.copy(), f"decimal({precision},{scale})")
+    if isinstance(node, exp.Literal) and not node.is_string:
+        if not infer_type(node, schema).is_numeric:
+            return node.copy()
+        # A decimal literal (1.5, 2.5e3, or an integer beyond bigint) is numeric in
+        # PostgreSQL; Spark would read 2.5e3 as a double: write it out as an exact decimal.
+        plain, precision, scale = _decimal_literal(node.this)
+        return exp.cast(exp.Literal.number(plain), f"decimal({precision},{scale})")
     copy = node.copy()
     for original, duplicate in zip(
         list(node.iter_expressions()), list(copy.iter_expressions()), strict=True
     ):
         duplicate.replace(_translate(original, schema))
+    if isinstance(node, exp.Lower | exp.Upper):
+        # The archives' text columns are COLLATE "C", under which PostgreSQL's lower() and
+        # upper() change ASCII letters only ('Ä' stays 'Ä'); Spark's would change all.
+        pair = (string.ascii_uppercase, string.ascii_lowercase)
+        source, target = pair if isinstance(node, exp.Lower) else pair[::-1]
+        return exp.func(
+            "translate", copy.this, exp.Literal.string(source), exp.Literal.string(target)
+        )
+    if isinstance(node, exp.Cast):
+        inner = infer_type(node.this, schema)
+        cast_to = infer_type(node, schema)
+        value = copy.this
+        if cast_to.is_integer and inner.is_float:
+            # PostgreSQL rounds to the nearest integer (ties to even, rint()); Spark truncates.
+            value = exp.func("rint", value)
+        elif cast_to.is_integer and inner.is_numeric:
+            # PostgreSQL rounds ties away from zero, as Spark's round() does; Spark's CAST
+            # truncates.
+            value = exp.func("round", value, exp.Literal.number(0))
+        # Spark's own spelling: plain DECIMAL would be decimal(10,0) there.
+        return exp.cast(value, exp.DataType.build(cast_to.spark(), dialect="spark"))
     if not isinstance(node, exp.Div):
         return copy
     left = infer_type(node.this, schema)
     right = infer_type(node.expression, schema)
     if left.is_integer and right.is_integer:
         # PostgreSQL divides integers to an integer, truncating toward zero; so does DIV.
-        return exp.IntDiv(this=copy.this, expression=copy.expression)
+        # DIV always yields a bigint: cast back, so -2147483648 / -1 overflows as in
+        # PostgreSQL (and the result type matches).
+        quotient = exp.IntDiv(this=copy.this, expression=copy.expression)
+        result = _promote(node, left, right)
+        if result.name == "bigint":
+            return quotient
+        return exp.cast(quotient, exp.DataType.build(result.spark(), dialect="spark"))
     if left.is_float or right.is_float:
         return exp.Div(
             this=exp.cast(copy.this, "double"), expression=exp.cast(copy.expression, "double")

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.errors import UnsupportedSQL
-from rewriter.expressions import infer_type, to_spark
+from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.registry import is_aggregate, rule_for
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.types import SqlType
@@ -92,6 +92,8 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     where = select.args.get("where")
     if where is not None and any(is_aggregate(n) for n in where.this.find_all(exp.AggFunc)):
         raise UnsupportedSQL("aggregates are not allowed in WHERE; use HAVING")
+    if where is not None and infer_type(where.this, schema) != BOOLEAN:
+        raise UnsupportedSQL(f"WHERE needs a boolean condition: {where.this.sql('postgres')!r}")
     return SplitQuery(
         keys=tuple(keys),
         aggregates=tuple(split.aggregates),

@@ -20,6 +20,9 @@ class SparkBackend:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self._local = threading.local()
+        # Executors of a local master share the driver's disk, so they can read spooled
+        # runs straight from their files; a cluster's executors get the rows shipped.
+        self.reads_files = (spark.sparkContext.master or "").startswith("local")
 
     def _session(self) -> SparkSession:
         session = getattr(self._local, "session", None)
@@ -28,12 +31,20 @@ class SparkBackend:
             self._local.session = session
         return session
 
-    def partials(self, rows: pa.Table, plans: list[DerivedStreamPlan]) -> dict[str, pa.Table]:
-        """Partial rows of every plan over ``rows`` (which carry the run column)."""
+    def partials(
+        self, rows: pa.Table, plans: list[DerivedStreamPlan], files: list[str] | None = None
+    ) -> dict[str, pa.Table]:
+        """Partial rows of every plan over ``rows`` (which carry the run column).
+
+        ``files``, when given, are Parquet files holding exactly ``rows``.
+        """
         if not plans or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in plans}
         session = self._session()
-        frame = session.createDataFrame(rows)
+        if files and self.reads_files:
+            frame = session.read.parquet(*files)
+        else:
+            frame = session.createDataFrame(rows)
         frame.createOrReplaceTempView(RUN_ROWS_VIEW)
         # Several streams read the same rows: keep them in memory for the batch, once.
         cached = len(plans) > 1

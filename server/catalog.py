@@ -193,13 +193,30 @@ def get_run_by_seq(connection: sa.Connection, seq: int) -> RunRecord | None:
     return _run(row) if row else None
 
 
+def next_run_seq(connection: sa.Connection) -> int:
+    """A fresh run sequence number (gaps are harmless: numbers only need to be unique)."""
+    return int(
+        connection.execute(
+            sa.text("SELECT nextval(pg_get_serial_sequence(:table, 'seq'))"),
+            {"table": f"{CATALOG_SCHEMA}.runs"},
+        ).scalar_one()
+    )
+
+
 def claim_run(
-    connection: sa.Connection, run_id: str, stream: str, rows: int, spool_path: str
+    connection: sa.Connection, seq: int, run_id: str, stream: str, rows: int, spool_path: str
 ) -> RunRecord | None:
     """Record a pending run; None if the run id is taken (the first one wins)."""
     statement = (
         sa.dialects.postgresql.insert(runs)
-        .values(run_id=run_id, stream=stream, status="pending", rows=rows, spool_path=spool_path)
+        .values(
+            seq=seq,
+            run_id=run_id,
+            stream=stream,
+            status="pending",
+            rows=rows,
+            spool_path=spool_path,
+        )
         .on_conflict_do_nothing(index_elements=["run_id"])
         .returning(*runs.c)
     )

