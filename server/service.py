@@ -336,9 +336,19 @@ class StrataService:
             if stream not in plans:  # dropped meanwhile: its runs went with it
                 break
             dependents = catalog.dependents(plans, stream)
+            started = time.perf_counter()
             partials = self.backend.partials(data, dependents, files=paths)
+            computed = time.perf_counter()
             try:
                 self._write(stream, runs, data, dependents, partials)
+                log.info(
+                    "committed %d runs of %s: %d rows; Spark %.2fs, PostgreSQL %.2fs",
+                    len(runs),
+                    stream,
+                    data.num_rows,
+                    computed - started,
+                    time.perf_counter() - computed,
+                )
                 break
             except _Retry as retry:
                 runs = retry.runs
