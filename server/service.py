@@ -17,13 +17,11 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 from psycopg import sql
 from pyspark.errors import PySparkException
@@ -72,6 +70,22 @@ class RunResult:
         }
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """Runs of one raw stream with their rows and the partial rows Spark computed."""
+
+    stream: str
+    runs: list[RunRecord]
+    data: pa.Table
+    dependents: list[DerivedStreamPlan]
+    partials: dict[str, pa.Table]
+    spark_seconds: float
+
+    @property
+    def seqs(self) -> list[int]:
+        return [r.seq for r in self.runs]
+
+
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
     return table.append_column(RUN_COLUMN, pa.array([seq] * table.num_rows, pa.int64()))
 
@@ -85,7 +99,8 @@ class StrataService:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
         self._done_lock = threading.Lock()
-        self._worker: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
+        self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         self._stopping = threading.Event()
         self.batch_max_rows = 1_000_000
 
@@ -240,20 +255,29 @@ class StrataService:
             self._queue.put(record.seq)
         if pending:
             log.info("resuming %d pending runs", len(pending))
-        self._worker = threading.Thread(target=self._loop, name="strata-runs", daemon=True)
-        self._worker.start()
+        self._workers = [
+            threading.Thread(target=self._compute_loop, name="strata-compute", daemon=True),
+            threading.Thread(target=self._commit_loop, name="strata-commit", daemon=True),
+        ]
+        for worker in self._workers:
+            worker.start()
 
     def stop(self) -> None:
         self._stopping.set()
         self._queue.put(None)
-        if self._worker is not None:
-            self._worker.join(timeout=60)
+        for worker in self._workers:
+            worker.join(timeout=60)
 
-    def _loop(self) -> None:
+    # The worker is a two-stage pipeline: the compute stage runs Spark over batch N+1
+    # while the commit stage writes batch N to PostgreSQL. A bounded hand-off keeps at
+    # most one computed batch waiting. Exactly-once never depends on the pipeline: the
+    # commit marker is the pending->committed flip inside the commit transaction.
+
+    def _compute_loop(self) -> None:
         while not self._stopping.is_set():
             first = self._queue.get()
             if first is None:
-                return
+                break
             seqs = [first]
             while True:
                 try:
@@ -265,24 +289,65 @@ class StrataService:
                     break
                 seqs.append(more)
             try:
-                self._process(seqs)
+                self._compute(seqs)
             except Exception:  # keep the loop alive; the runs stay pending and are retried
                 log.exception("processing runs %s failed; retrying", seqs)
-                time.sleep(1.0)
-                for seq in seqs:
-                    self._queue.put(seq)
+                self._retry_later(seqs)
+        self._computed.put(None)
 
-    def _process(self, seqs: list[int]) -> None:
+    def _retry_later(self, seqs: list[int]) -> None:
+        time.sleep(1.0)
+        for seq in seqs:
+            self._queue.put(seq)
+
+    def _compute(self, seqs: list[int]) -> None:
         with self.engine.connect() as connection:
             records = [catalog.get_run_by_seq(connection, s) for s in seqs]
         pending = [r for r in records if r is not None and r.status == "pending"]
+        for seq in set(seqs) - {r.seq for r in pending}:
+            self._finish(seq)  # committed, rejected or dropped meanwhile
         by_stream: dict[str, list[RunRecord]] = {}
         for record in pending:
             by_stream.setdefault(record.stream, []).append(record)
         for stream, runs in by_stream.items():
-            self._process_stream(stream, runs)
-        for seq in seqs:
-            self._finish(seq)
+            # Batch runs up to batch_max_rows: one Spark job per batch amortizes the job
+            # overhead; the run column among the grouping keys keeps runs independent.
+            batch: list[RunRecord] = []
+            rows = 0
+            for run in runs:
+                if batch and rows + run.rows > self.batch_max_rows:
+                    self._compute_batch(stream, batch)
+                    batch, rows = [], 0
+                batch.append(run)
+                rows += run.rows
+            if batch:
+                self._compute_batch(stream, batch)
+
+    def _compute_batch(self, stream: str, runs: list[RunRecord]) -> None:
+        lost = [r for r in runs if not (r.spool_path and Path(r.spool_path).exists())]
+        for run in lost:
+            self._reject(run, "the run's spool file is missing; post the run again")
+        runs = [r for r in runs if r not in lost]
+        if not runs:
+            return
+        try:
+            batch = self._prepare(stream, runs)
+        except PySparkException as err:
+            if len(runs) == 1:
+                self._reject(runs[0], f"Spark could not process the run: {err}")
+                return
+            for run in runs:  # find the run Spark fails on; the others commit
+                self._compute_batch(stream, [run])
+            return
+        self._computed.put(batch)
+
+    def _prepare(self, stream: str, runs: list[RunRecord]) -> _Batch:
+        paths = [str(r.spool_path) for r in runs]
+        data = pa.concat_tables([self.spool.read(path) for path in paths])
+        started = time.perf_counter()
+        dependents = catalog.dependents(self.streams(), stream)
+        partials = self.backend.partials(data, dependents, files=paths)
+        return _Batch(stream, runs, data, dependents, partials, time.perf_counter() - started)
 
     def _finish(self, seq: int) -> None:
         with self._done_lock:
@@ -290,89 +355,56 @@ class StrataService:
         if event is not None:
             event.set()
 
-    def _process_stream(self, stream: str, runs: list[RunRecord]) -> None:
-        # Batch runs up to batch_max_rows: one Spark job per batch amortizes job overhead,
-        # and the run column among the grouping keys keeps every run's partials separate.
-        batch: list[RunRecord] = []
-        rows = 0
-        for run in runs:
-            if batch and rows + run.rows > self.batch_max_rows:
-                self._commit_batch(stream, batch)
-                batch, rows = [], 0
-            batch.append(run)
-            rows += run.rows
-        if batch:
-            self._commit_batch(stream, batch)
-
-    def _commit_batch(self, stream: str, runs: list[RunRecord]) -> None:
-        try:
-            self._commit(stream, runs)
-        except PySparkException as err:
-            if len(runs) == 1:
-                self._reject(runs[0], f"Spark could not process the run: {err}")
-                return
-            # Find the run Spark fails on; the others commit.
-            for run in runs:
-                self._commit_batch(stream, [run])
-
     def _reject(self, run: RunRecord, error: str) -> None:
         log.warning("run %s rejected: %s", run.run_id, error)
         with self.engine.begin() as connection:
             catalog.reject_run(connection, run.seq, error)
         if run.spool_path:
             self.spool.remove(run.spool_path)
+        self._finish(run.seq)
 
-    def _commit(self, stream: str, runs: list[RunRecord]) -> None:
-        lost = [r for r in runs if not (r.spool_path and Path(r.spool_path).exists())]
-        for run in lost:
-            self._reject(run, "the run's spool file is missing; post the run again")
-        runs = [r for r in runs if r not in lost]
-        if not runs:
-            return
-        paths = [str(r.spool_path) for r in runs]
-        data = pa.concat_tables([self.spool.read(path) for path in paths])
-        for _attempt in range(10):
-            plans = self.streams()
-            if stream not in plans:  # dropped meanwhile: its runs went with it
-                break
-            dependents = catalog.dependents(plans, stream)
-            started = time.perf_counter()
-            partials = self.backend.partials(data, dependents, files=paths)
-            computed = time.perf_counter()
+    def _commit_loop(self) -> None:
+        while True:
+            batch = self._computed.get()
+            if batch is None:
+                return
             try:
-                self._write(stream, runs, data, dependents, partials)
-                log.info(
-                    "committed %d runs of %s: %d rows; Spark %.2fs, PostgreSQL %.2fs",
-                    len(runs),
-                    stream,
-                    data.num_rows,
-                    computed - started,
-                    time.perf_counter() - computed,
-                )
-                break
+                self._commit(batch)
+            except Exception:
+                log.exception("committing runs %s failed; retrying", batch.seqs)
+                self._retry_later(batch.seqs)
+
+    def _commit(self, batch: _Batch) -> None:
+        for _attempt in range(10):
+            started = time.perf_counter()
+            try:
+                self._write(batch)
             except _Retry as retry:
-                runs = retry.runs
-            if not runs:
-                break
-            keep = pa.array([r.seq for r in runs], pa.int64())
-            data = data.filter(pc.is_in(data[RUN_COLUMN], value_set=keep))
-            paths = [str(r.spool_path) for r in runs]
+                # Stream DDL or a concurrent commit raced us: recompute what is left.
+                if not retry.runs or batch.stream not in self.streams():
+                    break
+                batch = self._prepare(batch.stream, retry.runs)
+                continue
+            log.info(
+                "committed %d runs of %s: %d rows; Spark %.2fs, PostgreSQL %.2fs",
+                len(batch.runs),
+                batch.stream,
+                batch.data.num_rows,
+                batch.spark_seconds,
+                time.perf_counter() - started,
+            )
+            break
         else:
-            raise RuntimeError(f"runs of {stream!r} kept racing with stream DDL")
-        for run in runs:
+            raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
+        for run in batch.runs:
             if run.spool_path:
                 self.spool.remove(run.spool_path)
+            self._finish(run.seq)
 
-    def _write(
-        self,
-        stream: str,
-        runs: list[RunRecord],
-        data: pa.Table,
-        dependents: list[DerivedStreamPlan],
-        partials: dict[str, pa.Table],
-    ) -> None:
+    def _write(self, batch: _Batch) -> None:
         """One transaction: raw rows, partial rows, commit marker. Raises _Retry with the
         runs still to commit when the dependents or the set of pending runs changed."""
+        stream, runs, dependents = batch.stream, batch.runs, batch.dependents
         with self.engine.begin() as connection:
             cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
             cursor.execute(
@@ -397,9 +429,8 @@ class StrataService:
             )
             if committed != {r.seq for r in runs}:
                 raise _Retry([r for r in runs if r.seq in committed])
-            copy_in(cursor, raw_archive_table(stream), data)
+            copy_in(cursor, raw_archive_table(stream), batch.data)
             for plan in dependents:
-                copy_in(cursor, partial_archive_table(plan.name), partials[plan.name])
+                copy_in(cursor, partial_archive_table(plan.name), batch.partials[plan.name])
 
 
-ServiceFactory = Callable[[], StrataService]
