@@ -6,7 +6,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.build_archive import column_def, create_table, create_view, drop, table
-from rewriter.plan import DerivedStreamPlan, OutputColumn
+from rewriter.plan import AggregateState, DerivedStreamPlan, OutputColumn, PlannedAggregate
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_aggregates import SplitQuery
 
@@ -18,9 +18,9 @@ def window_start_spark(time_column: str, size_us: int) -> exp.Expr:
     return exp.func("timestamp_micros", exp.Sub(this=micros, expression=offset))
 
 
-def partial_query(split: SplitQuery, window: WindowSpec) -> str:
-    """Spark SQL computing one partial row per run, window and group over a batch of runs."""
-    start = window_start_spark(window.time_column, window.size_us)
+def partial_query(split: SplitQuery, input_view: str, time_column: str, pane_us: int) -> str:
+    """Spark SQL computing one partial row per run, pane and group over a batch of runs."""
+    start = window_start_spark(time_column, pane_us)
     run = exp.column(naming.RUN_COLUMN, quoted=True)
     projections: list[exp.Expr] = [
         run,
@@ -30,7 +30,7 @@ def partial_query(split: SplitQuery, window: WindowSpec) -> str:
     projections += [
         exp.alias_(s.spark, s.column, quoted=True) for a in split.aggregates for s in a.states
     ]
-    query = exp.select(*projections).from_(exp.table_(naming.RUN_ROWS_VIEW))
+    query = exp.select(*projections).from_(exp.table_(input_view))
     if split.where_spark is not None:
         query = query.where(split.where_spark)
     query = query.group_by(run.copy(), start.copy(), *(k.spark.copy() for k in split.keys))
@@ -49,11 +49,42 @@ def _group_columns(split: SplitQuery) -> list[exp.Expr]:
     return [exp.column(name) for name in names]
 
 
-def view_query(name: str, split: SplitQuery) -> exp.Select:
-    """The consolidating view: final aggregates over all partial rows of a window and group."""
-    query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in split.outputs)).from_(
-        table(naming.partial_archive_table(name))
-    )
+def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
+    """The consolidating view: final aggregates over all partial rows of a window and group.
+
+    HOP windows: each pane's partial rows count in every window that contains the pane
+    (strata_hop_windows in sql/), so overlapping windows share the panes' partials.
+    """
+    source: exp.Expr = table(naming.partial_archive_table(name))
+    if window.is_hop:
+        panes = exp.to_identifier("panes")
+        columns = [c for c, _ in _partial_columns(split) if c != naming.WINDOW_START_COLUMN]
+        windows = exp.func(
+            "strata_hop_windows",
+            exp.column(naming.WINDOW_START_COLUMN, table="p"),
+            exp.Literal.number(window.pane_us),
+            exp.Literal.number(window.slide_us),
+            exp.Literal.number(window.size_us),
+        )
+        expanded = (
+            exp.select(
+                exp.column(naming.WINDOW_START_COLUMN, table="w"),
+                *(exp.column(c, table="p") for c in columns),
+            )
+            .from_(exp.alias_(source, "p"))
+            .join(
+                exp.Lateral(
+                    this=windows,
+                    alias=exp.TableAlias(
+                        this=exp.to_identifier("w"),
+                        columns=[exp.to_identifier(naming.WINDOW_START_COLUMN)],
+                    ),
+                ),
+                join_type="CROSS",
+            )
+        )
+        source = exp.alias_(expanded.subquery(), panes)
+    query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in split.outputs)).from_(source)
     query = query.group_by(*_group_columns(split))
     if split.having is not None:
         query = query.having(split.having)
@@ -95,20 +126,35 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
         ),
         kind="INDEX",
     ).sql("postgres")
-    view = view_query(name, split)
-    result_types = {a.call: a.result_type for a in split.aggregates}
-    outputs = tuple(OutputColumn(n, _output_type(e, split, result_types)) for n, e in split.outputs)
-    return DerivedStreamPlan(
-        name=name,
-        source=window.source.name,
-        window=window.describe(),
-        window_size_us=window.size_us,
-        parallelism="PP",
-        parallelism_reason=(
+    view = view_query(name, split, window)
+    source = window.source
+    if isinstance(source, DerivedStreamPlan):
+        raw_source = source.raw_source
+        input_view = naming.partial_view(source.name)
+        time_column = naming.WINDOW_START_COLUMN  # the lower window's start places it
+        reason = (
+            f"rolled up onto the partials of {source.name!r} with the reduce aggregate "
+            "(partial per run in Spark, final on read in PostgreSQL)"
+        )
+    else:
+        raw_source = source.name
+        input_view = naming.RUN_ROWS_VIEW
+        time_column = window.time_column
+        reason = (
             "every aggregate is decomposable (partial per run in Spark, final on read in "
             "PostgreSQL)"
-        ),
-        partial_query=partial_query(split, window),
+        )
+    return DerivedStreamPlan(
+        name=name,
+        source=source.name,
+        window=window.describe(),
+        window_size_us=window.size_us,
+        window_slide_us=window.slide_us,
+        pane_us=window.pane_us,
+        parallelism="PP",
+        parallelism_reason=reason,
+        partial_query=partial_query(split, input_view, time_column, window.pane_us),
+        partial_input=input_view,
         partial_columns=tuple(partial_columns),
         create_statements=(create_archive, index, create_view(name, view)),
         drop_statements=(
@@ -117,20 +163,39 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
         ),
         reduce_query=reduce_query(name, split),
         view_query=view.sql("postgres"),
-        outputs=outputs,
+        outputs=tuple(_output(n, e, split) for n, e in split.outputs),
+        aggregates=tuple(
+            PlannedAggregate(
+                rule=a.rule,
+                states=tuple(
+                    AggregateState(s.name, s.column, s.pg_type, s.reduce) for s in a.states
+                ),
+                result_type=a.result_type,
+                arg_type=a.arg_type,
+            )
+            for a in split.aggregates
+        ),
+        raw_source=raw_source,
     )
 
 
-def _output_type(
-    expression: exp.Expr, split: SplitQuery, result_types: dict[str, str]
-) -> str | None:
-    if isinstance(expression, exp.Cast):
-        return expression.to.sql("postgres").lower()
+def _output(name: str, expression: exp.Expr, split: SplitQuery) -> OutputColumn:
+    """What a view column is, for the streams that will be built on this one."""
+    for index, aggregate in enumerate(split.aggregates):
+        if expression == aggregate.final:
+            return OutputColumn(name, aggregate.result_type, "aggregate", str(index))
     if isinstance(expression, exp.Column):
         if expression.name == naming.WINDOW_START_COLUMN:
-            return "timestamptz"
+            return OutputColumn(name, "timestamptz", "window_start")
         key = next((k for k in split.keys if k.column == expression.name), None)
-        return key.type.pg() if key else None
-    if isinstance(expression, exp.Add) and isinstance(expression.this, exp.Column):
-        return "timestamptz" if expression.this.name == naming.WINDOW_START_COLUMN else None
-    return None
+        if key is not None:
+            return OutputColumn(name, key.type.pg(), "key", key.column)
+    if (
+        isinstance(expression, exp.Add)
+        and isinstance(expression.this, exp.Column)
+        and expression.this.name == naming.WINDOW_START_COLUMN
+    ):
+        return OutputColumn(name, "timestamptz", "window_end")
+    if isinstance(expression, exp.Cast):
+        return OutputColumn(name, expression.to.sql("postgres").lower())
+    return OutputColumn(name, None)

@@ -61,6 +61,11 @@ def partial_archive_table(stream: str) -> str:
     return f"{stream}__partial"
 
 
+def partial_view(stream: str) -> str:
+    """Spark temporary view of a stream's partial rows in a batch (input of its roll-ups)."""
+    return f"strata_partials_{stream}"
+
+
 def key_column(index: int) -> str:
     return f"key_{index}"
 

@@ -24,34 +24,74 @@ class RawStreamPlan:
 
 @dataclass(frozen=True)
 class OutputColumn:
+    """A column of a derived stream's view, and what it is (streams built on it need to know).
+
+    ``role`` is "window_start", "window_end", "key" (``ref`` = the key column of the partial
+    archive), "aggregate" (``ref`` = the aggregate's index: the column is exactly its final
+    form) or "expression" (anything else, computed from final values).
+    """
+
     name: str
     pg_type: str | None  # None where the type is PostgreSQL's to infer on the view
+    role: str = "expression"
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class AggregateState:
+    name: str  # e.g. "count", "sum"
+    column: str  # state column of the partial archive
+    pg_type: str
+    reduce: str  # aggregate merging states (same name in Spark and PostgreSQL)
+
+
+@dataclass(frozen=True)
+class PlannedAggregate:
+    """An aggregate of a parallel stream, as streams rolled up on it see it."""
+
+    rule: str  # registry name, e.g. "count(*)", "avg"
+    states: tuple[AggregateState, ...]
+    result_type: str
+    arg_type: str | None  # PostgreSQL type of the argument as written (None for count(*))
 
 
 @dataclass(frozen=True)
 class DerivedStreamPlan:
-    """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL) parts."""
+    """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL) parts,
+    or, for a serial (SP) stream, a view over the consolidated source."""
 
     name: str
     source: str
     window: str  # e.g. "TUMBLE(impsns, t, INTERVAL '1 minute')"
     window_size_us: int
+    window_slide_us: int  # == window_size_us for TUMBLE
+    pane_us: int  # partials are kept per pane: gcd(slide, size)
     parallelism: str  # "PP" (parallel, partial/reduce/final) or "SP" (serial)
     parallelism_reason: str
-    partial_query: (
-        str  # Spark SQL over the run's rows (RUN_ROWS_VIEW), one row per run/window/group
-    )
-    partial_columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type) of the partial archive
-    create_statements: tuple[str, ...]  # PostgreSQL: partial archive table, consolidating view
+    # Spark SQL over partial_input (a batch of runs' rows, or the partial rows of the source
+    # stream for a roll-up), one row per run, pane and group. Empty for SP streams.
+    partial_query: str
+    partial_input: str
+    partial_columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type) of the archive
+    create_statements: tuple[str, ...]  # PostgreSQL: partial archive table, view
     drop_statements: tuple[str, ...]
-    reduce_query: str  # PostgreSQL: partial rows -> one partial row per window and group
-    view_query: str  # PostgreSQL: the consolidating view's SELECT (final aggregates)
+    reduce_query: str  # PostgreSQL: partial rows -> one partial row per pane and group
+    view_query: str  # PostgreSQL: the view's SELECT (final aggregates on read)
     outputs: tuple[OutputColumn, ...]
+    aggregates: tuple[PlannedAggregate, ...]
+    raw_source: str  # the raw stream whose runs feed this stream
     kind: str = field(default="derived", init=False)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
         return (self.source,)
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.parallelism == "PP"
+
+    def output(self, name: str) -> OutputColumn | None:
+        return next((o for o in self.outputs if o.name == name), None)
 
 
 StreamPlan = RawStreamPlan | DerivedStreamPlan

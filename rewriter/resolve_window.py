@@ -6,6 +6,7 @@ window starting at t - (t mod size), with t and size in microseconds.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter.errors import UnknownStream, UnsupportedSQL
-from rewriter.plan import RawStreamPlan, StreamPlan
+from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
 
 _UNIT_US = {
     "microsecond": 1,
@@ -35,16 +36,35 @@ _UNIT_US = {
 }
 _PART = re.compile(r"\s*(\d+)\s*([a-z]+)\s*")
 WINDOW_FORM = "TUMBLE(source_stream, event_time_column, INTERVAL '1 minute')"
+HOP_FORM = "HOP(source_stream, event_time_column, INTERVAL '1 minute', INTERVAL '5 minutes')"
 
 
 @dataclass(frozen=True)
 class WindowSpec:
-    source: RawStreamPlan
+    """The window of a derived stream: TUMBLE (slide == size) or HOP, over a source stream."""
+
+    source: StreamPlan
     time_column: str
     size_us: int
+    slide_us: int
+
+    @property
+    def is_hop(self) -> bool:
+        return self.slide_us != self.size_us
+
+    @property
+    def pane_us(self) -> int:
+        """Partials are kept per pane; every window is a whole number of panes."""
+        return math.gcd(self.size_us, self.slide_us)
 
     def describe(self) -> str:
         size = interval_text(self.size_us)
+        if self.is_hop:
+            slide = interval_text(self.slide_us)
+            return (
+                f"HOP({self.source.name}, {self.time_column}, INTERVAL '{slide}', "
+                f"INTERVAL '{size}')"
+            )
         return f"TUMBLE({self.source.name}, {self.time_column}, INTERVAL '{size}')"
 
 
@@ -99,23 +119,74 @@ def resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Win
     from_ = select.args.get("from_")
     table = from_.this if from_ is not None else None
     call = table.this if isinstance(table, exp.Table) else None
-    if not isinstance(call, exp.Anonymous) or call.name.upper() != "TUMBLE":
-        raise UnsupportedSQL(f"a derived stream reads FROM {WINDOW_FORM}")
-    args = call.expressions
-    if len(args) != 3 or not all(isinstance(a, exp.Column) for a in args[:2]):
-        raise UnsupportedSQL(f"TUMBLE takes three arguments: {WINDOW_FORM}")
-    source_name, time_column = args[0].name, args[1].name
+    kind = call.name.upper() if isinstance(call, exp.Anonymous) else None
+    if kind not in ("TUMBLE", "HOP"):
+        raise UnsupportedSQL(f"a derived stream reads FROM {WINDOW_FORM} or {HOP_FORM}")
+    assert isinstance(call, exp.Anonymous)
+    args = list(call.expressions)
+    intervals = 1 if kind == "TUMBLE" else 2
+    form = WINDOW_FORM if kind == "TUMBLE" else HOP_FORM
+    # The time column may be left out: it is then the source's event-time column (or its
+    # window_end, for a derived source); the seeds' <SLICES ...> sugar relies on this.
+    if len(args) not in (1 + intervals, 2 + intervals) or not isinstance(args[0], exp.Column):
+        raise UnsupportedSQL(f"{kind} takes a stream, its time column and intervals: {form}")
+    source_name = args[0].name
     source = streams.get(source_name)
     if source is None:
         raise UnknownStream(f"stream {source_name!r} does not exist")
-    if not isinstance(source, RawStreamPlan):
+    if len(args) == 2 + intervals:
+        if not isinstance(args[1], exp.Column):
+            raise UnsupportedSQL(f"the second argument of {kind} names a column: {form}")
+        time_column = args[1].name
+    else:
+        time_column = _default_time_column(source)
+    sizes = [parse_interval(a) for a in args[-intervals:]]
+    size_us = sizes[-1]
+    slide_us = sizes[0]
+    if kind == "HOP" and size_us % slide_us != 0:
         raise UnsupportedSQL(
-            f"{source_name!r} is a derived stream; deriving from derived streams is not supported "
-            "yet, derive from a raw stream"
+            f"HOP window size {interval_text(size_us)} must be a whole multiple of its slide "
+            f"{interval_text(slide_us)}"
         )
-    if time_column != source.event_time:
+    _check_time_column(source, time_column, kind)
+    if isinstance(source, DerivedStreamPlan):
+        if kind == "HOP":
+            raise UnsupportedSQL(
+                f"HOP over the derived stream {source_name!r} is not supported; use TUMBLE"
+            )
+        if size_us % source.window_size_us != 0:
+            raise UnsupportedSQL(
+                f"the window {interval_text(size_us)} must be a whole multiple of the window "
+                f"of {source_name!r} ({interval_text(source.window_size_us)}), so that each "
+                "of its windows falls into exactly one"
+            )
+    return WindowSpec(source, time_column, size_us, slide_us)
+
+
+def _default_time_column(source: StreamPlan) -> str:
+    if isinstance(source, RawStreamPlan):
+        return source.event_time
+    for role in ("window_end", "window_start"):
+        column = next((o.name for o in source.outputs if o.role == role), None)
+        if column is not None:
+            return column
+    raise UnsupportedSQL(
+        f"stream {source.name!r} exposes no window column (window_start or window_end) to "
+        "window over"
+    )
+
+
+def _check_time_column(source: StreamPlan, time_column: str, kind: str) -> None:
+    if isinstance(source, RawStreamPlan):
+        if time_column != source.event_time:
+            raise UnsupportedSQL(
+                f"{kind} windows over the event-time column of {source.name!r}, "
+                f"{source.event_time!r}, not {time_column!r}"
+            )
+        return
+    output = source.output(time_column)
+    if output is None or output.role not in ("window_start", "window_end"):
         raise UnsupportedSQL(
-            f"TUMBLE windows over the event-time column of {source_name!r}, "
-            f"{source.event_time!r}, not {time_column!r}"
+            f"{kind} over the derived stream {source.name!r} windows over its window column "
+            f"(its window_start or window_end output), not {time_column!r}"
         )
-    return WindowSpec(source, time_column, parse_interval(args[2]))

@@ -2,7 +2,10 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
-             -> (derived) resolve_window -> split_aggregates -> build_views
+             -> (derived) resolve_window -> split_aggregates (over a raw stream)
+                                          | split_rollup (over a derived stream)
+                                       -> build_views (parallel, PP)
+                                          | build_serial (at a gather point, SP)
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rewriter.build_archive import build_archive
+from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
 from rewriter.parse_stream import RawStreamStatement, parse_stream
-from rewriter.plan import StreamPlan
+from rewriter.plan import RawStreamPlan, StreamPlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
+from rewriter.split_rollup import GatherPoint, split_rollup
 
 
 def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
@@ -22,6 +27,15 @@ def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
-    window = resolve_window(statement.select, streams)
-    split = split_aggregates(statement.select, window)
+    select = statement.select
+    window = resolve_window(select, streams)
+    try:
+        if select.args.get("distinct"):
+            raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")
+        if isinstance(window.source, RawStreamPlan):
+            split = split_aggregates(select, window)
+        else:
+            split = split_rollup(select, window)
+    except GatherPoint as gather:
+        return build_serial(statement.name, select, window, gather.reason)
     return build_views(statement.name, split, window)

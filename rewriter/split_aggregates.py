@@ -15,6 +15,7 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
+from rewriter.plan import RawStreamPlan
 from rewriter.registry import is_aggregate, rule_for
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.types import SqlType
@@ -34,6 +35,7 @@ class StateColumn:
     spark: exp.Expr  # Spark partial aggregate
     pg_type: str
     reduce: str  # PostgreSQL aggregate merging the state
+    name: str = ""  # the registry's name of the state, e.g. "count"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class SplitAggregate:
     states: tuple[StateColumn, ...]
     final: exp.Expr  # PostgreSQL, over the partial archive's state columns
     result_type: str
+    rule: str = ""  # registry name, e.g. "count(*)"
+    arg_type: str | None = None  # PostgreSQL type of the argument
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ _UNSUPPORTED_CLAUSES = {
 }
 
 
-def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
+def check_clauses(select: exp.Select) -> None:
+    """Refuse the clauses and constructs no derived stream supports."""
     for clause, shown in _UNSUPPORTED_CLAUSES.items():
         if select.args.get(clause):
             raise UnsupportedSQL(f"{shown} is not supported in a derived stream")
@@ -73,6 +78,11 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
             type(node), "FILTER (WHERE ...) on aggregates"
         )
         raise UnsupportedSQL(f"{kind} are not supported yet: {node.sql('postgres')!r}")
+
+
+def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
+    check_clauses(select)
+    assert isinstance(window.source, RawStreamPlan)
     schema = {c.name: c.type for c in window.source.columns}
     items = select.expressions
     keys = _group_keys(select, items, schema)
@@ -80,7 +90,7 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     outputs = []
     seen: set[str] = set()
     for item in items:
-        name = _output_name(item)
+        name = output_name(item)
         if name in seen:
             raise UnsupportedSQL(
                 f"output column {name!r} appears twice; give each a distinct alias"
@@ -103,7 +113,7 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     )
 
 
-def _output_name(item: exp.Expr) -> str:
+def output_name(item: exp.Expr) -> str:
     if isinstance(item, exp.Alias):
         return item.alias
     if isinstance(item, exp.Column):
@@ -221,12 +231,18 @@ class _Splitter:
                 spark=state.spark_partial(spark_arg, arg_type),
                 pg_type=state.pg_type(arg_type),
                 reduce=state.reduce,
+                name=state.name,
             )
             for state in rule.states
         )
         reduced: list[exp.Expr] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
         split = SplitAggregate(
-            call, states, rule.final(reduced, arg_type), rule.result_type(arg_type)
+            call,
+            states,
+            rule.final(reduced, arg_type),
+            rule.result_type(arg_type),
+            rule=rule.name,
+            arg_type=arg_type.pg() if arg_type is not None else None,
         )
         self.aggregates.append(split)
         self._by_call[call] = split

@@ -12,7 +12,7 @@ import threading
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from rewriter.naming import RUN_ROWS_VIEW
+from rewriter.naming import RUN_ROWS_VIEW, partial_view
 from rewriter.plan import DerivedStreamPlan
 
 
@@ -46,13 +46,26 @@ class SparkBackend:
         else:
             frame = session.createDataFrame(rows)
         frame.createOrReplaceTempView(RUN_ROWS_VIEW)
-        # Several streams read the same rows: keep them in memory for the batch, once.
-        cached = len(plans) > 1
-        if cached:
-            frame.cache()
+        # Plans come in creation order: a roll-up reads the partial rows of the stream below
+        # it, registered under that stream's partial view name, so those are kept in memory.
+        read_by_others = {p.partial_input for p in plans}
+        cached = [frame] if len(plans) > 1 else []
+        results: dict[str, pa.Table] = {}
         try:
-            return {plan.name: session.sql(plan.partial_query).toArrow() for plan in plans}
+            for frame_ in cached:
+                frame_.cache()
+            for plan in plans:
+                partial = session.sql(plan.partial_query)
+                view = partial_view(plan.name)
+                if view in read_by_others:
+                    partial.cache()
+                    cached.append(partial)
+                    partial.createOrReplaceTempView(view)
+                results[plan.name] = partial.toArrow()
+            return results
         finally:
-            if cached:
-                frame.unpersist()
+            for frame_ in cached:
+                frame_.unpersist()
+            for plan in plans:
+                session.catalog.dropTempView(partial_view(plan.name))
             session.catalog.dropTempView(RUN_ROWS_VIEW)

@@ -146,13 +146,24 @@ class PlanCache:
         return records
 
 
-def dependents(records: dict[str, StreamRecord], name: str) -> list[DerivedStreamPlan]:
-    """Derived streams computed directly from ``name``."""
+def dependents(records: dict[str, StreamRecord], raw: str) -> list[DerivedStreamPlan]:
+    """Parallel streams fed by the runs of the raw stream ``raw``, directly or through
+    roll-ups, in creation order (so every stream comes after the streams it reads)."""
     return [
         r.plan
         for r in records.values()
-        if isinstance(r.plan, DerivedStreamPlan) and r.plan.source == name
+        if isinstance(r.plan, DerivedStreamPlan) and r.plan.is_parallel and r.plan.raw_source == raw
     ]
+
+
+def lineage(records: dict[str, StreamRecord], plan: DerivedStreamPlan) -> list[DerivedStreamPlan]:
+    """The parallel streams ``plan`` is computed through, from its raw source down to it."""
+    chain = [plan]
+    while True:
+        source = records[chain[0].source].plan
+        if not isinstance(source, DerivedStreamPlan):
+            return chain
+        chain.insert(0, source)
 
 
 def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:

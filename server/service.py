@@ -86,6 +86,10 @@ class _Batch:
         return [r.seq for r in self.runs]
 
 
+def _record(plan: DerivedStreamPlan, text: str) -> StreamRecord:
+    return StreamRecord(plan.name, plan.kind, text, None, plan)  # type: ignore[arg-type]
+
+
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
     return table.append_column(RUN_COLUMN, pa.array([seq] * table.num_rows, pa.int64()))
 
@@ -128,8 +132,8 @@ class StrataService:
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
                     connection.exec_driver_sql(statement)
-                if isinstance(plan, DerivedStreamPlan):
-                    self._backfill(connection, plan, existing[plan.source].plan)
+                if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
+                    self._backfill(connection, plan, existing | {plan.name: _record(plan, text)})
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {plan.name!r} already exists") from None
@@ -145,13 +149,17 @@ class StrataService:
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
 
-    def _backfill(self, connection: sa.Connection, plan: DerivedStreamPlan, source: object) -> None:
-        """Compute the new stream over everything its raw source already archived.
+    def _backfill(
+        self, connection: sa.Connection, plan: DerivedStreamPlan, records: dict[str, StreamRecord]
+    ) -> None:
+        """Compute a new parallel stream over everything its raw source already archived.
 
         SHARE mode blocks run commits into the source until this transaction commits;
         a run committing later sees the new stream in the catalog (the worker re-reads
-        the dependents under its own lock), so no run is counted twice or missed.
+        the dependents under its own lock), so no run is counted twice or missed. A roll-up
+        is computed through the streams below it, from the same raw rows.
         """
+        source = records[plan.raw_source].plan
         assert isinstance(source, RawStreamPlan)
         table = raw_archive_table(source.name)
         connection.exec_driver_sql(
@@ -161,7 +169,8 @@ class StrataService:
         cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
         history = copy_out(cursor, table, schema)
         if history.num_rows:
-            partial = self.backend.partials(history, [plan])[plan.name]
+            chain = catalog.lineage(records, plan)
+            partial = self.backend.partials(history, chain)[plan.name]
             copy_in(cursor, partial_archive_table(plan.name), partial)
 
     def drop_stream(self, name: str) -> None:
@@ -198,9 +207,10 @@ class StrataService:
         if known is not None:
             return self._same_run(known, stream)
         record = self.stream(stream)
-        if not isinstance(record.plan, RawStreamPlan):
+        if isinstance(record.plan, DerivedStreamPlan):
             raise NotARawStream(
-                f"stream {stream!r} is derived; post runs to its raw source {record.plan.source!r}"  # type: ignore[union-attr]
+                f"stream {stream!r} is derived; post runs to its raw source "
+                f"{record.plan.raw_source!r}"
             )
         table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
         with self.engine.begin() as connection:
@@ -432,5 +442,3 @@ class StrataService:
             copy_in(cursor, raw_archive_table(stream), batch.data)
             for plan in dependents:
                 copy_in(cursor, partial_archive_table(plan.name), batch.partials[plan.name])
-
-

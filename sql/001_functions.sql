@@ -11,3 +11,20 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
   SELECT date_bin(size_us * interval '1 microsecond', t, timestamptz 'epoch')
 $$;
+
+-- The HOP windows (slide_us apart, size_us long, epoch-aligned) that contain the pane of
+-- pane_us microseconds starting at pane_start: every s on the slide grid with
+-- pane_start + pane_us - size_us <= s <= pane_start. A HOP stream keeps partials per pane;
+-- its view counts each pane in each of these windows.
+CREATE OR REPLACE FUNCTION public.strata_hop_windows(
+  pane_start timestamptz, pane_us bigint, slide_us bigint, size_us bigint)
+RETURNS SETOF timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+  SELECT generate_series(
+    date_bin(slide_us * interval '1 microsecond',
+             pane_start + (pane_us - size_us + slide_us - 1) * interval '1 microsecond',
+             timestamptz 'epoch'),
+    pane_start,
+    slide_us * interval '1 microsecond')
+$$;

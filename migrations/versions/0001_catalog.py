@@ -69,5 +69,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS public.strata_window_start(timestamptz, bigint)")
+    op.execute(
+        "DROP FUNCTION IF EXISTS public.strata_hop_windows(timestamptz, bigint, bigint, bigint)"
+    )
     for table in ("runs", "stream_dependencies", "stream_columns", "streams"):
         op.drop_table(table, schema=CATALOG)

@@ -27,18 +27,21 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "event_time": plan.event_time,
             "archive_table": f"{INTERNAL_SCHEMA}.{raw_archive_table(plan.name)}",
         }
+    rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}
+    if plan.is_parallel:
+        rewrite |= {
+            "partial_query": plan.partial_query,
+            "partial_input": plan.partial_input,
+            "partial_archive_table": f"{INTERNAL_SCHEMA}.{partial_archive_table(plan.name)}",
+            "partial_columns": [{"name": n, "type": t} for n, t in plan.partial_columns],
+            "reduce_query": plan.reduce_query,
+        }
     return base | {
         "source": plan.source,
+        "raw_source": plan.raw_source,
         "window": plan.window,
         "columns": [{"name": c.name, "type": c.pg_type} for c in plan.outputs],
         "parallelism": plan.parallelism,
         "parallelism_reason": plan.parallelism_reason,
-        "rewrite": {
-            "partial_query": plan.partial_query,
-            "partial_archive_table": f"{INTERNAL_SCHEMA}.{partial_archive_table(plan.name)}",
-            "partial_columns": [{"name": n, "type": t} for n, t in plan.partial_columns],
-            "view_sql": plan.view_query,
-            "reduce_query": plan.reduce_query,
-            "ddl": list(plan.create_statements),
-        },
+        "rewrite": rewrite,
     }

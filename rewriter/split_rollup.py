@@ -1,0 +1,261 @@
+"""Pass 3b: a stream over a parallel derived stream, rewritten onto that stream's partials.
+
+seeds/003: "impsn_sum ... is rewritten to operate over the previously generated stream of
+partials": a legal composition (SUM over COUNT, SUM over SUM, MIN over MIN, MAX over MAX,
+AVG over AVG) merges the lower stream's partial states with the reduce aggregate, grouped
+by the upper window and keys, and stays in partial form. AVG over AVG merges the
+<sum, count> states, so it is the average of the underlying rows, never an average of
+averages. Each lower window is placed by its *start* (a window [00:04, 00:05) belongs to
+[00:00, 00:05) whether the lower stream exposes window_start or window_end).
+
+Anything else (MAX over COUNT, a key or a WHERE on aggregate values, arithmetic inside
+the upper aggregate, a serial source) needs final values: a gather point. GatherPoint
+carries the reason; the stream is then serial (SP).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from rewriter import naming
+from rewriter.errors import UnsupportedSQL
+from rewriter.expressions import BOOLEAN, infer_type, to_spark
+from rewriter.plan import DerivedStreamPlan, OutputColumn, PlannedAggregate
+from rewriter.registry import REGISTRY, is_aggregate, rule_for
+from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.split_aggregates import (
+    GroupKey,
+    SplitAggregate,
+    SplitQuery,
+    StateColumn,
+    check_clauses,
+    output_name,
+)
+from rewriter.types import SqlType, sql_type_from_sqlglot
+
+# (upper aggregate, lower aggregate) -> the lower rule the upper one computes.
+COMPOSITIONS: dict[tuple[str, str], str] = {
+    ("sum", "count(*)"): "count(*)",
+    ("sum", "count"): "count",
+    ("sum", "sum"): "sum",
+    ("min", "min"): "min",
+    ("max", "max"): "max",
+    ("avg", "avg"): "avg",
+}
+COMPOSITIONS_TEXT = "SUM over COUNT, SUM over SUM, MIN over MIN, MAX over MAX, AVG over AVG"
+
+
+class GatherPoint(Exception):  # noqa: N818 - a classification, not a failure
+    """The query needs the lower stream's final values: it runs serially (SP)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _type(pg_type: str | None, column: str) -> SqlType:
+    if pg_type is None:
+        raise GatherPoint(f"the type of {column!r} is only known to PostgreSQL")
+    return sql_type_from_sqlglot(exp.DataType.build(pg_type, dialect="postgres"), column=column)
+
+
+def split_rollup(select: exp.Select, window: WindowSpec) -> SplitQuery:
+    lower = window.source
+    assert isinstance(lower, DerivedStreamPlan)
+    if not lower.is_parallel:
+        raise GatherPoint(f"{lower.name!r} is a serial stream: only its final values exist")
+    if lower.window_slide_us != lower.window_size_us:
+        raise GatherPoint(f"{lower.name!r} has overlapping (HOP) windows")
+    check_clauses(select)
+    outputs = {o.name: o for o in lower.outputs}
+    key_outputs = {o.name: o for o in lower.outputs if o.role == "key"}
+    key_schema = {name: _type(o.pg_type, name) for name, o in key_outputs.items()}
+    splitter = _RollupSplitter(lower, outputs, key_outputs, key_schema, window)
+    keys = splitter.group_keys(select)
+    items = []
+    seen: set[str] = set()
+    for item in select.expressions:
+        name = output_name(item)
+        if name in seen:
+            raise UnsupportedSQL(
+                f"output column {name!r} appears twice; give each a distinct alias"
+            )
+        seen.add(name)
+        items.append(
+            (name, splitter.final_form(item.this if isinstance(item, exp.Alias) else item))
+        )
+    where = select.args.get("where")
+    having = select.args.get("having")
+    return SplitQuery(
+        keys=tuple(keys),
+        aggregates=tuple(splitter.aggregates),
+        where_spark=splitter.key_condition(where.this) if where is not None else None,
+        outputs=tuple(items),
+        having=splitter.final_form(having.this) if having is not None else None,
+    )
+
+
+class _RollupSplitter:
+    def __init__(
+        self,
+        lower: DerivedStreamPlan,
+        outputs: dict[str, OutputColumn],
+        key_outputs: dict[str, OutputColumn],
+        key_schema: dict[str, SqlType],
+        window: WindowSpec,
+    ) -> None:
+        self.lower = lower
+        self.outputs = outputs
+        self.key_outputs = key_outputs
+        self.key_schema = key_schema
+        self.window = window
+        self.keys: list[GroupKey] = []
+        self.aggregates: list[SplitAggregate] = []
+        self._by_call: dict[str, SplitAggregate] = {}
+
+    def _on_partials(self, node: exp.Expr) -> exp.Expr:
+        """A Spark expression over the lower stream's key outputs, on its partial columns."""
+
+        def rename(column: exp.Expr) -> exp.Expr:
+            if isinstance(column, exp.Column):
+                ref = self.key_outputs[column.name].ref
+                assert ref is not None
+                return exp.column(ref, quoted=True)
+            return column
+
+        return to_spark(node, self.key_schema).transform(rename)
+
+    def _only_keys(self, node: exp.Expr, where: str) -> None:
+        for column in node.find_all(exp.Column):
+            if column.name in self.key_outputs:
+                continue
+            if column.name in self.outputs:
+                raise GatherPoint(
+                    f"{where} uses {column.name!r}, a value of {self.lower.name!r} that is only "
+                    "final after consolidation"
+                )
+            raise UnsupportedSQL(f"column {column.name!r} does not exist in {self.lower.name!r}")
+
+    def key_condition(self, condition: exp.Expr) -> exp.Expr:
+        self._only_keys(condition, "WHERE")
+        if infer_type(condition, self.key_schema) != BOOLEAN:
+            raise UnsupportedSQL(f"WHERE needs a boolean condition: {condition.sql('postgres')!r}")
+        return self._on_partials(condition)
+
+    def group_keys(self, select: exp.Select) -> list[GroupKey]:
+        group = select.args.get("group")
+        if group is None or not group.expressions:
+            raise UnsupportedSQL("a derived stream is a grouped aggregate: GROUP BY the window")
+        items = select.expressions
+        aliases = {i.alias: i.this for i in items if isinstance(i, exp.Alias)}
+        has_window = False
+        for raw in group.expressions:
+            expression = raw
+            if isinstance(raw, exp.Literal) and not raw.is_string:
+                chosen = items[int(raw.this) - 1]
+                expression = chosen.this if isinstance(chosen, exp.Alias) else chosen
+            elif (
+                isinstance(raw, exp.Column) and raw.name not in self.outputs and raw.name in aliases
+            ):
+                expression = aliases[raw.name]
+            if isinstance(expression, exp.Column) and expression.name in (
+                naming.WINDOW_START_COLUMN,
+                naming.WINDOW_END_COLUMN,
+            ):
+                has_window = True
+                continue
+            if any(True for _ in expression.find_all(exp.AggFunc)):
+                raise UnsupportedSQL("aggregates cannot be keys")
+            self._only_keys(expression, f"GROUP BY {expression.sql('postgres')}")
+            if any(k.expression == expression for k in self.keys):
+                continue
+            self.keys.append(
+                GroupKey(
+                    column=naming.key_column(len(self.keys)),
+                    expression=expression.copy(),
+                    spark=self._on_partials(expression),
+                    type=infer_type(expression, self.key_schema),
+                )
+            )
+        if not has_window:
+            raise UnsupportedSQL("GROUP BY must include the window: window_start or window_end")
+        return self.keys
+
+    def final_form(self, node: exp.Expr) -> exp.Expr:
+        for key in self.keys:
+            if node == key.expression:
+                return exp.column(key.column)
+        if isinstance(node, exp.Column):
+            if node.name == naming.WINDOW_START_COLUMN:
+                return exp.column(naming.WINDOW_START_COLUMN)
+            if node.name == naming.WINDOW_END_COLUMN:
+                return exp.Add(
+                    this=exp.column(naming.WINDOW_START_COLUMN),
+                    expression=exp.Interval(
+                        this=exp.Literal.string(interval_text(self.window.size_us))
+                    ),
+                )
+            if node.name in self.outputs:
+                raise GatherPoint(
+                    f"{node.name!r} of {self.lower.name!r} is used outside an aggregate and "
+                    "outside GROUP BY"
+                )
+            raise UnsupportedSQL(f"column {node.name!r} does not exist in {self.lower.name!r}")
+        if is_aggregate(node):
+            return self._aggregate(node).final.copy()
+        copy = node.copy()
+        for child in list(copy.iter_expressions()):
+            child.replace(self.final_form(child))
+        return copy
+
+    def _aggregate(self, node: exp.Expr) -> SplitAggregate:
+        call = node.sql("postgres")
+        if call in self._by_call:
+            return self._by_call[call]
+        outer = rule_for(node)
+        argument = node.this
+        if outer.takes_star or not isinstance(argument, exp.Column):
+            raise GatherPoint(
+                f"{call} is not one of the compositions that stay partial ({COMPOSITIONS_TEXT})"
+            )
+        source = self.outputs.get(argument.name)
+        if source is None:
+            raise UnsupportedSQL(f"column {argument.name!r} does not exist in {self.lower.name!r}")
+        if source.role != "aggregate" or source.ref is None:
+            raise GatherPoint(
+                f"{call}: {argument.name!r} is not an aggregate of {self.lower.name!r}"
+            )
+        inner: PlannedAggregate = self.lower.aggregates[int(source.ref)]
+        composed = COMPOSITIONS.get((outer.name, inner.rule))
+        if composed is None:
+            raise GatherPoint(
+                f"{call} over {inner.rule} is not decomposable: the {outer.name} of partial "
+                f"results is not the {outer.name} of final results (a gather point; legal "
+                f"compositions: {COMPOSITIONS_TEXT})"
+            )
+        rule = REGISTRY[composed]
+        index = len(self.aggregates)
+        states = tuple(
+            StateColumn(
+                column=naming.state_column(index, state.name),
+                spark=exp.func(state.reduce, exp.column(state.column, quoted=True)),
+                pg_type=state.pg_type,
+                reduce=state.reduce,
+                name=state.name,
+            )
+            for state in inner.states
+        )
+        reduced: list[exp.Expr] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
+        arg_type = _type(inner.arg_type, argument.name) if inner.arg_type else None
+        final = rule.final(reduced, arg_type)
+        # The upper aggregate's type is PostgreSQL's for it over the lower column (sum of a
+        # bigint count is numeric), except AVG over AVG, which is the rows' average.
+        result_type = outer.result_type(_type(inner.result_type, argument.name))
+        if outer.name != "avg":
+            final = exp.cast(final, exp.DataType.build(result_type, dialect="postgres"))
+        split = SplitAggregate(
+            call, states, final, result_type, rule=composed, arg_type=inner.arg_type
+        )
+        self.aggregates.append(split)
+        self._by_call[call] = split
+        return split
