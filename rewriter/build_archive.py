@@ -38,7 +38,7 @@ def create_table(target: exp.Table, columns: list[exp.ColumnDef]) -> str:
     )
 
 
-def create_view(name: str, query: exp.Select) -> str:
+def create_view(name: str, query: exp.Query) -> str:
     return exp.Create(this=table(name, naming.PUBLIC_SCHEMA), kind="VIEW", expression=query).sql(
         "postgres"
     )

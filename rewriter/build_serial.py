@@ -14,7 +14,7 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.build_archive import create_view, drop, table
 from rewriter.errors import UnsupportedSQL
-from rewriter.plan import DerivedStreamPlan, OutputColumn
+from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.split_aggregates import output_name
 
@@ -77,7 +77,7 @@ def build_serial(
         ],
     )
     source = window.source
-    raw_source = source.raw_source if isinstance(source, DerivedStreamPlan) else source.name
+    raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
     return DerivedStreamPlan(
         name=name,
         source=source.name,
@@ -96,5 +96,5 @@ def build_serial(
         view_query=named.sql("postgres"),
         outputs=tuple(outputs),
         aggregates=(),
-        raw_source=raw_source,
+        raw_sources=raw_sources,
     )

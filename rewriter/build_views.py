@@ -6,7 +6,13 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.build_archive import column_def, create_table, create_view, drop, table
-from rewriter.plan import AggregateState, DerivedStreamPlan, OutputColumn, PlannedAggregate
+from rewriter.plan import (
+    AggregateState,
+    DerivedStreamPlan,
+    OutputColumn,
+    PlannedAggregate,
+    ProjectionStreamPlan,
+)
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_aggregates import SplitQuery
 
@@ -129,15 +135,23 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
     view = view_query(name, split, window)
     source = window.source
     if isinstance(source, DerivedStreamPlan):
-        raw_source = source.raw_source
+        raw_sources = source.raw_sources
         input_view = naming.partial_view(source.name)
         time_column = naming.WINDOW_START_COLUMN  # the lower window's start places it
         reason = (
             f"rolled up onto the partials of {source.name!r} with the reduce aggregate "
             "(partial per run in Spark, final on read in PostgreSQL)"
         )
+    elif isinstance(source, ProjectionStreamPlan):
+        raw_sources = source.raw_sources
+        input_view = naming.projection_view(source.name)
+        time_column = window.time_column
+        reason = (
+            f"every aggregate is decomposable; computed per run of {', '.join(raw_sources)} "
+            f"through {source.name!r}"
+        )
     else:
-        raw_source = source.name
+        raw_sources = (source.name,)
         input_view = naming.RUN_ROWS_VIEW
         time_column = window.time_column
         reason = (
@@ -175,7 +189,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
             )
             for a in split.aggregates
         ),
-        raw_source=raw_source,
+        raw_sources=raw_sources,
     )
 
 

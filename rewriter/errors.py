@@ -4,7 +4,26 @@ from __future__ import annotations
 
 
 class StrataError(Exception):
-    """Base of every error Strata reports to a user."""
+    """Base of every error Strata reports to a user.
+
+    ``position`` is where the offending construct starts in the user's statement, as
+    (line, column) counted from 1 (see rewriter.positions); the message then begins with it.
+    """
+
+    position: tuple[int, int] | None = None
+
+    def __init__(self, message: str = "", *, position: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if position is not None:
+            self.locate(position)
+
+    def locate(self, position: tuple[int, int]) -> StrataError:
+        """Name where the error is, unless a closer position is already known."""
+        if self.position is None:
+            self.position = position
+            self.args = (f"line {position[0]}, column {position[1]}: {self.message}",)
+        return self
 
 
 class InvalidSQL(StrataError):

@@ -66,6 +66,11 @@ def partial_view(stream: str) -> str:
     return f"strata_partials_{stream}"
 
 
+def projection_view(stream: str) -> str:
+    """Spark temporary view of a projection stream's rows in a batch."""
+    return f"strata_rows_{stream}"
+
+
 def key_column(index: int) -> str:
     return f"key_{index}"
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import TokenType
+from sqlglot.parsers.postgres import PostgresParser
+from sqlglot.tokens import Token, TokenType
 
+from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, UnsupportedSQL
 from rewriter.naming import check_column_name, check_stream_name
+from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
 RAW_OPTIONS = ("event_time",)
@@ -32,14 +35,19 @@ class RawStreamStatement:
 @dataclass(frozen=True)
 class DerivedStreamStatement:
     name: str
-    select: exp.Select
+    select: exp.Select | exp.Union  # UNION ALL: a stream of rows of several raw streams
 
 
 StreamStatement = RawStreamStatement | DerivedStreamStatement
 
 
 def parse_stream(sql: str) -> StreamStatement:
-    """Parse one CREATE STREAM statement; anything else is refused with the expected form."""
+    """Parse one CREATE STREAM statement; anything else is refused with the expected form.
+
+    The window syntax of seeds/003 (``<SLICES ...>``, ``cq_close(*)``) is accepted as sugar
+    for the standard form (rewriter.desugar). Positions in the returned trees, and in the
+    errors raised, are positions in ``sql`` (rewriter.positions).
+    """
     tokens = _tokenize(sql)
     body = [t for t in tokens if t.token_type != TokenType.SEMICOLON]
     semicolons = [t for t in tokens if t.token_type == TokenType.SEMICOLON]
@@ -47,41 +55,102 @@ def parse_stream(sql: str) -> StreamStatement:
         raise InvalidSQL(f"empty statement; expected CREATE STREAM, e.g. {EXAMPLE}")
     if semicolons and semicolons[0].start < body[-1].start:
         raise InvalidSQL(
-            "only one statement per request is accepted; found a ';' at line "
-            f"{semicolons[0].line}, column {semicolons[0].col}"
+            "only one statement per request is accepted; this ';' ends the first",
+            position=_place(sql, semicolons[0]),
         )
     if len(body) < 3 or body[0].token_type != TokenType.CREATE or body[1].text.upper() != "STREAM":
-        raise InvalidSQL(f"expected a CREATE STREAM statement, e.g. {EXAMPLE}")
-    # sqlglot knows CREATE TABLE; swap the keyword in place (same width keeps error positions).
+        wrong = body[1] if body[0].token_type == TokenType.CREATE and len(body) > 1 else body[0]
+        raise InvalidSQL(
+            f"expected a CREATE STREAM statement, e.g. {EXAMPLE}", position=_place(sql, wrong)
+        )
+    # sqlglot knows CREATE TABLE, not <SLICES ...>: swap the keyword and blank the window
+    # clauses, keeping every offset, so that positions in the tree are positions in sql.
     keyword = body[1]
-    text = sql[: keyword.start] + "TABLE " + sql[keyword.end + 1 :]
-    try:
-        statement = sqlglot.parse_one(text, read="postgres")
-    except ParseError as err:
-        first = err.errors[0] if err.errors else {}
-        where = f" at line {first.get('line')}, column {first.get('col')}" if first else ""
-        raise InvalidSQL(f"syntax error{where}: {first.get('description', err)}") from None
+    text = (
+        sql[: keyword.start]
+        + "TABLE".ljust(keyword.end + 1 - keyword.start)
+        + sql[keyword.end + 1 :]
+    )
+    text, windows = cut_window_clauses(text, tokens)
+    statement = _parse(text, sql)
     if not isinstance(statement, exp.Create) or statement.kind != "TABLE":
         raise InvalidSQL(f"expected a CREATE STREAM statement, e.g. {EXAMPLE}")
-    for flag in ("exists", "replace", "unique"):
+    record_positions(statement, sql, tokens)
+    for flag, shown, word in (
+        ("exists", "IF NOT EXISTS", "IF"),
+        ("replace", "OR REPLACE", "OR"),
+        ("unique", "UNIQUE", "UNIQUE"),
+    ):
         if statement.args.get(flag):
+            at = next((t for t in body if t.text.upper() == word), body[0])
             raise UnsupportedSQL(
-                f"CREATE STREAM does not support {flag.upper().replace('EXISTS', 'IF NOT EXISTS')}"
+                f"CREATE STREAM does not support {shown}", position=_place(sql, at)
             )
     if statement.expression is not None:
-        return _derived(statement)
+        return _derived(statement, windows)
     return _raw(statement)
 
 
-def _tokenize(sql: str) -> list:
+def _place(sql: str, token: Token) -> tuple[int, int]:
+    return Place.of_token(sql, token).position
+
+
+def _tokenize(sql: str) -> list[Token]:
     try:
         return list(Postgres().tokenize(sql))
     except TokenError as err:
-        raise InvalidSQL(f"syntax error: {err}") from None
+        # sqlglot says where an unterminated literal starts as "line:offset".
+        found = re.search(r"Missing (\S+) from \d+:(\d+)", str(err.__cause__ or ""))
+        if found is not None and int(found.group(2)) < len(sql):
+            raise InvalidSQL(
+                f"syntax error: missing the closing {found.group(1)} of the literal starting here",
+                position=line_and_column(sql, int(found.group(2))),
+            ) from None
+        raise InvalidSQL(f"syntax error: {err.__cause__ or err}") from None
 
 
-def _options(statement: exp.Create) -> dict[str, str]:
-    found: dict[str, str] = {}
+class _StreamParser(PostgresParser):
+    """PostgreSQL's parser, except that what it cannot read is a syntax error there, not an
+    opaque command (sqlglot's fallback for statements it half understands)."""
+
+    def _parse_as_command(self, start: Token) -> exp.Command:
+        self.raise_error("not expected here", self._curr or self._prev)
+        return super()._parse_as_command(start)
+
+
+def _parse(text: str, sql: str) -> exp.Expr | None:
+    """Parse ``text``, the statement ``sql`` made readable for sqlglot (same offsets)."""
+    dialect = Postgres()
+    try:
+        statements = _StreamParser(dialect=dialect).parse(dialect.tokenize(text), text)
+    except ParseError as err:
+        first = err.errors[0] if err.errors else {}
+        problem = _readable(str(first.get("description", err)))
+        near = first.get("highlight") or ""
+        line, column = first.get("line"), first.get("col")
+        if not isinstance(line, int) or not isinstance(column, int):
+            raise InvalidSQL(f"syntax error: {problem}") from None
+        # sqlglot gives where the offending token ends; the error names where it starts.
+        line_start = 0
+        for _ in range(line - 1):
+            line_start = text.index("\n", line_start) + 1
+        start = max(line_start + column - max(len(near), 1), 0)
+        near = sql[start : start + len(near)]
+        shown = f" at {near!r}" if near.strip() else ""
+        raise InvalidSQL(
+            f"syntax error{shown}: {problem}", position=line_and_column(sql, start)
+        ) from None
+    return statements[0] if len(statements) == 1 else None
+
+
+def _readable(description: str) -> str:
+    """sqlglot's messages without its internal reprs of tokens and classes."""
+    description = re.sub(r"<Token token_type: [^,]+, text: (.*?), line: .*?>", r"'\1'", description)
+    return re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", description)
+
+
+def _options(statement: exp.Create) -> dict[str, exp.Property]:
+    found: dict[str, exp.Property] = {}
     properties = statement.args.get("properties")
     for prop in properties.expressions if properties else []:
         if not isinstance(prop, exp.Property) or not isinstance(
@@ -89,75 +158,113 @@ def _options(statement: exp.Create) -> dict[str, str]:
         ):
             raise UnsupportedSQL(
                 f"unsupported stream property {prop.sql('postgres')!r}; "
-                f"supported: WITH ({', '.join(o + ' = ...' for o in RAW_OPTIONS)})"
+                f"supported: WITH ({', '.join(o + ' = ...' for o in RAW_OPTIONS)})",
+                position=position_of(prop),
             )
         key = prop.name.lower()
         if key not in RAW_OPTIONS:
             raise UnsupportedSQL(
-                f"unknown stream option {key!r}; supported options: {', '.join(RAW_OPTIONS)}"
+                f"unknown stream option {key!r}; supported options: {', '.join(RAW_OPTIONS)}",
+                position=position_of(prop),
             )
-        found[key] = prop.args["value"].name
+        found[key] = prop
     return found
 
 
 def _raw(statement: exp.Create) -> RawStreamStatement:
     schema = statement.this
     if not isinstance(schema, exp.Schema) or not isinstance(schema.this, exp.Table):
-        raise InvalidSQL(f"a raw stream declares its columns, e.g. {EXAMPLE}")
-    name = check_stream_name(_table_name(schema.this))
+        raise InvalidSQL(
+            f"a raw stream declares its columns, e.g. {EXAMPLE}", position=position_of(schema)
+        )
+    name = _stream_name(schema.this)
     columns: list[ColumnSpec] = []
     for column_def in schema.expressions:
         if not isinstance(column_def, exp.ColumnDef):
             raise UnsupportedSQL(
-                f"{column_def.sql('postgres')!r}: table constraints are not supported in a stream"
+                f"{column_def.sql('postgres')!r}: table constraints are not supported in a stream",
+                position=position_of(column_def),
             )
-        column = check_column_name(column_def.this.name)
-        if column_def.args.get("constraints"):
+        with located(column_def):
+            column = check_column_name(column_def.this.name)
+        constraints = column_def.args.get("constraints")
+        if constraints:
             raise UnsupportedSQL(
                 f"column {column!r}: constraints are not supported; a stream declares names "
-                "and types only"
+                "and types only",
+                position=position_of(constraints[0]) or position_of(column_def),
             )
         if any(c.name == column for c in columns):
-            raise InvalidSQL(f"column {column!r} is declared twice")
+            raise InvalidSQL(
+                f"column {column!r} is declared twice", position=position_of(column_def)
+            )
         kind = column_def.args.get("kind")
         if kind is None:
-            raise InvalidSQL(f"column {column!r} has no type")
-        columns.append(ColumnSpec(column, sql_type_from_sqlglot(kind, column=column)))
+            raise InvalidSQL(f"column {column!r} has no type", position=position_of(column_def))
+        with located(kind if position_of(kind) else column_def):
+            columns.append(ColumnSpec(column, sql_type_from_sqlglot(kind, column=column)))
     if not columns:
-        raise InvalidSQL(f"a raw stream needs at least one column, e.g. {EXAMPLE}")
-    options = _options(statement)
-    event_time = options.get("event_time")
-    if event_time is None:
+        raise InvalidSQL(
+            f"a raw stream needs at least one column, e.g. {EXAMPLE}", position=position_of(schema)
+        )
+    option = _options(statement).get("event_time")
+    if option is None:
         raise InvalidSQL(
             "a raw stream names its event-time column: add WITH (event_time = 'column')"
         )
+    event_time = option.args["value"].name
+    where = position_of(option.args["value"])
     spec = next((c for c in columns if c.name == event_time), None)
     if spec is None:
-        raise InvalidSQL(f"event_time names {event_time!r}, which is not a declared column")
+        raise InvalidSQL(
+            f"event_time names {event_time!r}, which is not a declared column", position=where
+        )
     if spec.type.name != "timestamptz":
         raise UnsupportedSQL(
-            f"the event-time column {event_time!r} must be timestamptz, not {spec.type.pg()}"
+            f"the event-time column {event_time!r} must be timestamptz, not {spec.type.pg()}",
+            position=where,
         )
     return RawStreamStatement(name, tuple(columns), event_time)
 
 
-def _derived(statement: exp.Create) -> DerivedStreamStatement:
+def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> DerivedStreamStatement:
     target = statement.this
     if not isinstance(target, exp.Table):
-        raise UnsupportedSQL("a derived stream takes its columns from its SELECT; drop the list")
-    name = check_stream_name(_table_name(target))
+        raise UnsupportedSQL(
+            "a derived stream takes its columns from its SELECT; drop the list",
+            position=position_of(target.expressions[0] if target.expressions else target),
+        )
+    name = _stream_name(target)
     if statement.args.get("properties"):
-        raise UnsupportedSQL("a derived stream takes no WITH options")
+        raise UnsupportedSQL(
+            "a derived stream takes no WITH options",
+            position=position_of(statement.args["properties"]),
+        )
     query = statement.expression
+    # seeds/003 writes AS (SELECT ...).
+    while isinstance(query, exp.Subquery) and not query.alias:
+        query = query.this
+    if isinstance(query, exp.Union) and query.args.get("distinct"):
+        raise UnsupportedSQL(
+            "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",
+            position=position_of(query),
+        )
+    if isinstance(query, exp.Union) and not windows:
+        return DerivedStreamStatement(name, query.copy())
     if not isinstance(query, exp.Select):
         raise UnsupportedSQL(
             f"a derived stream is defined by one SELECT (found {type(query).__name__.upper()}), "
-            f"e.g. {EXAMPLE}"
+            f"e.g. {EXAMPLE}",
+            position=position_of(query),
         )
-    return DerivedStreamStatement(name, query.copy())
+    return DerivedStreamStatement(name, desugar(query, windows))
 
 
-def _table_name(table: exp.Table) -> str:
+def _stream_name(table: exp.Table) -> str:
     if table.args.get("db") or table.args.get("catalog"):
-        raise InvalidSQL(f"stream names are not schema-qualified: {table.sql('postgres')!r}")
-    return table.name
+        raise InvalidSQL(
+            f"stream names are not schema-qualified: {table.sql('postgres')!r}",
+            position=position_of(table),
+        )
+    with located(table):
+        return check_stream_name(table.name)

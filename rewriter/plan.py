@@ -79,7 +79,7 @@ class DerivedStreamPlan:
     view_query: str  # PostgreSQL: the view's SELECT (final aggregates on read)
     outputs: tuple[OutputColumn, ...]
     aggregates: tuple[PlannedAggregate, ...]
-    raw_source: str  # the raw stream whose runs feed this stream
+    raw_sources: tuple[str, ...]  # the raw streams whose runs feed this stream
     kind: str = field(default="derived", init=False)
 
     @property
@@ -94,4 +94,42 @@ class DerivedStreamPlan:
         return next((o for o in self.outputs if o.name == name), None)
 
 
-StreamPlan = RawStreamPlan | DerivedStreamPlan
+@dataclass(frozen=True)
+class ProjectionBranch:
+    """One SELECT of a projection stream: its raw source and the Spark SQL that maps a batch
+    of that source's rows (RUN_ROWS_VIEW) onto the projection's columns."""
+
+    source: str
+    spark_query: str
+
+
+@dataclass(frozen=True)
+class ProjectionStreamPlan:
+    """A stream without aggregates (seeds/004): selection, computed columns, UNION ALL of
+    raw streams. In PostgreSQL it is a view over the raw views; aggregates over it are
+    computed per run of each source through its branch."""
+
+    name: str
+    columns: tuple[ColumnSpec, ...]
+    event_time: str
+    branches: tuple[ProjectionBranch, ...]
+    create_statements: tuple[str, ...]
+    drop_statements: tuple[str, ...]
+    view_query: str
+    kind: str = field(default="derived", init=False)
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b.source for b in self.branches))
+
+    @property
+    def raw_sources(self) -> tuple[str, ...]:
+        return self.dependencies
+
+    def branch(self, source: str) -> ProjectionBranch | None:
+        return next((b for b in self.branches if b.source == source), None)
+
+
+# A stream a window can read rows from: declared columns and an event-time column.
+RowStreamPlan = RawStreamPlan | ProjectionStreamPlan
+StreamPlan = RawStreamPlan | DerivedStreamPlan | ProjectionStreamPlan

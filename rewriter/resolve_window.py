@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter.errors import UnknownStream, UnsupportedSQL
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
+from rewriter.plan import DerivedStreamPlan, StreamPlan
+from rewriter.positions import located
 
 _UNIT_US = {
     "microsecond": 1,
@@ -114,6 +115,12 @@ def parse_interval(node: exp.Expr) -> int:
 
 
 def resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> WindowSpec:
+    from_ = select.args.get("from_")
+    with located(from_ if from_ is not None else select):
+        return _resolve_window(select, streams)
+
+
+def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> WindowSpec:
     if select.args.get("joins"):
         raise UnsupportedSQL("joins are not supported in a derived stream")
     from_ = select.args.get("from_")
@@ -164,7 +171,7 @@ def resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Win
 
 
 def _default_time_column(source: StreamPlan) -> str:
-    if isinstance(source, RawStreamPlan):
+    if not isinstance(source, DerivedStreamPlan):
         return source.event_time
     for role in ("window_end", "window_start"):
         column = next((o.name for o in source.outputs if o.role == role), None)
@@ -177,7 +184,7 @@ def _default_time_column(source: StreamPlan) -> str:
 
 
 def _check_time_column(source: StreamPlan, time_column: str, kind: str) -> None:
-    if isinstance(source, RawStreamPlan):
+    if not isinstance(source, DerivedStreamPlan):
         if time_column != source.event_time:
             raise UnsupportedSQL(
                 f"{kind} windows over the event-time column of {source.name!r}, "

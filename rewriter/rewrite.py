@@ -2,6 +2,7 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
+             -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
                                           | split_rollup (over a derived stream)
                                        -> build_views (parallel, PP)
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sqlglot import exp
+
 from rewriter.build_archive import build_archive
+from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
 from rewriter.parse_stream import RawStreamStatement, parse_stream
-from rewriter.plan import RawStreamPlan, StreamPlan
+from rewriter.plan import DerivedStreamPlan, StreamPlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_rollup import GatherPoint, split_rollup
@@ -28,14 +32,17 @@ def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
     select = statement.select
+    if is_projection(select):
+        return build_projection(statement.name, select, streams)
+    assert isinstance(select, exp.Select)  # a UNION is always a projection
     window = resolve_window(select, streams)
     try:
         if select.args.get("distinct"):
             raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")
-        if isinstance(window.source, RawStreamPlan):
-            split = split_aggregates(select, window)
-        else:
+        if isinstance(window.source, DerivedStreamPlan):
             split = split_rollup(select, window)
+        else:
+            split = split_aggregates(select, window)
     except GatherPoint as gather:
         return build_serial(statement.name, select, window, gather.reason)
     return build_views(statement.name, split, window)

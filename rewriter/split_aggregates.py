@@ -15,7 +15,7 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
-from rewriter.plan import RawStreamPlan
+from rewriter.plan import DerivedStreamPlan
 from rewriter.registry import is_aggregate, rule_for
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.types import SqlType
@@ -82,7 +82,7 @@ def check_clauses(select: exp.Select) -> None:
 
 def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     check_clauses(select)
-    assert isinstance(window.source, RawStreamPlan)
+    assert not isinstance(window.source, DerivedStreamPlan)
     schema = {c.name: c.type for c in window.source.columns}
     items = select.expressions
     keys = _group_keys(select, items, schema)

@@ -12,8 +12,9 @@ import threading
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from rewriter.naming import RUN_ROWS_VIEW, partial_view
-from rewriter.plan import DerivedStreamPlan
+from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
+from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
+from server.catalog import ComputedPlan
 
 
 class SparkBackend:
@@ -32,14 +33,20 @@ class SparkBackend:
         return session
 
     def partials(
-        self, rows: pa.Table, plans: list[DerivedStreamPlan], files: list[str] | None = None
+        self,
+        rows: pa.Table,
+        plans: list[ComputedPlan],
+        *,
+        source: str,
+        files: list[str] | None = None,
     ) -> dict[str, pa.Table]:
-        """Partial rows of every plan over ``rows`` (which carry the run column).
-
-        ``files``, when given, are Parquet files holding exactly ``rows``.
+        """Partial rows of every parallel plan over ``rows``, a batch of runs of the raw
+        stream ``source`` (with the run column). Projections in ``plans`` only map the rows
+        for the plans after them. ``files``, when given, are Parquet files holding ``rows``.
         """
-        if not plans or rows.num_rows == 0:
-            return {plan.name: pa.table({}) for plan in plans}
+        aggregates = [p for p in plans if isinstance(p, DerivedStreamPlan)]
+        if not aggregates or rows.num_rows == 0:
+            return {plan.name: pa.table({}) for plan in aggregates}
         session = self._session()
         if files and self.reads_files:
             frame = session.read.parquet(*files)
@@ -47,25 +54,32 @@ class SparkBackend:
             frame = session.createDataFrame(rows)
         frame.createOrReplaceTempView(RUN_ROWS_VIEW)
         # Plans come in creation order: a roll-up reads the partial rows of the stream below
-        # it, registered under that stream's partial view name, so those are kept in memory.
-        read_by_others = {p.partial_input for p in plans}
+        # it, an aggregate over a projection reads the projection's rows; both are
+        # registered under view names and kept in memory for the batch.
+        read_by_others = {p.partial_input for p in aggregates}
         cached = [frame] if len(plans) > 1 else []
+        views: list[str] = []
         results: dict[str, pa.Table] = {}
         try:
             for frame_ in cached:
                 frame_.cache()
             for plan in plans:
-                partial = session.sql(plan.partial_query)
-                view = partial_view(plan.name)
+                if isinstance(plan, ProjectionStreamPlan):
+                    branch = plan.branch(source)
+                    assert branch is not None, f"{plan.name} reads no runs of {source}"
+                    output, view = session.sql(branch.spark_query), projection_view(plan.name)
+                else:
+                    output, view = session.sql(plan.partial_query), partial_view(plan.name)
                 if view in read_by_others:
-                    partial.cache()
-                    cached.append(partial)
-                    partial.createOrReplaceTempView(view)
-                results[plan.name] = partial.toArrow()
+                    output.cache()
+                    cached.append(output)
+                    output.createOrReplaceTempView(view)
+                    views.append(view)
+                if isinstance(plan, DerivedStreamPlan):
+                    results[plan.name] = output.toArrow()
             return results
         finally:
             for frame_ in cached:
                 frame_.unpersist()
-            for plan in plans:
-                session.catalog.dropTempView(partial_view(plan.name))
-            session.catalog.dropTempView(RUN_ROWS_VIEW)
+            for view in [*views, RUN_ROWS_VIEW]:
+                session.catalog.dropTempView(view)

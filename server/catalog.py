@@ -17,7 +17,9 @@ from alembic.config import Config
 
 from rewriter import StreamPlan, rewrite
 from rewriter.naming import CATALOG_SCHEMA
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan
+from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan
+
+ComputedPlan = DerivedStreamPlan | ProjectionStreamPlan
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -146,24 +148,31 @@ class PlanCache:
         return records
 
 
-def dependents(records: dict[str, StreamRecord], raw: str) -> list[DerivedStreamPlan]:
-    """Parallel streams fed by the runs of the raw stream ``raw``, directly or through
-    roll-ups, in creation order (so every stream comes after the streams it reads)."""
+def dependents(records: dict[str, StreamRecord], raw: str) -> list[ComputedPlan]:
+    """Streams computed from the runs of the raw stream ``raw`` (parallel aggregates and the
+    projections they read), directly or through roll-ups, in creation order, so every stream
+    comes after the streams it reads."""
     return [
         r.plan
         for r in records.values()
-        if isinstance(r.plan, DerivedStreamPlan) and r.plan.is_parallel and r.plan.raw_source == raw
+        if (
+            isinstance(r.plan, ProjectionStreamPlan)
+            or (isinstance(r.plan, DerivedStreamPlan) and r.plan.is_parallel)
+        )
+        and raw in r.plan.raw_sources
     ]
 
 
-def lineage(records: dict[str, StreamRecord], plan: DerivedStreamPlan) -> list[DerivedStreamPlan]:
-    """The parallel streams ``plan`` is computed through, from its raw source down to it."""
-    chain = [plan]
+def lineage(records: dict[str, StreamRecord], plan: DerivedStreamPlan) -> list[ComputedPlan]:
+    """The streams ``plan`` is computed through, from its raw sources down to it."""
+    chain: list[ComputedPlan] = [plan]
     while True:
-        source = records[chain[0].source].plan
-        if not isinstance(source, DerivedStreamPlan):
+        source = records[chain[0].dependencies[0]].plan
+        if isinstance(source, RawStreamPlan):
             return chain
         chain.insert(0, source)
+        if isinstance(source, ProjectionStreamPlan):
+            return chain
 
 
 def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:

@@ -77,13 +77,19 @@ class _Batch:
     stream: str
     runs: list[RunRecord]
     data: pa.Table
-    dependents: list[DerivedStreamPlan]
+    dependents: list[catalog.ComputedPlan]
     partials: dict[str, pa.Table]
     spark_seconds: float
 
     @property
     def seqs(self) -> list[int]:
         return [r.seq for r in self.runs]
+
+
+def _execute_plan_sql(connection: sa.Connection, statement: str) -> None:
+    # Straight to psycopg without parameters: a plan's SQL may hold a literal '%' (modulo),
+    # which parameter interpolation would take for a placeholder.
+    connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
 def _record(plan: DerivedStreamPlan, text: str) -> StreamRecord:
@@ -131,7 +137,7 @@ class StrataService:
                 catalog.insert_stream(connection, plan, text)
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
-                    connection.exec_driver_sql(statement)
+                    _execute_plan_sql(connection, statement)
                 if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
                     self._backfill(connection, plan, existing | {plan.name: _record(plan, text)})
         except sa.exc.IntegrityError as err:
@@ -159,19 +165,18 @@ class StrataService:
         the dependents under its own lock), so no run is counted twice or missed. A roll-up
         is computed through the streams below it, from the same raw rows.
         """
-        source = records[plan.raw_source].plan
-        assert isinstance(source, RawStreamPlan)
-        table = raw_archive_table(source.name)
-        connection.exec_driver_sql(
-            sql.SQL("LOCK TABLE {} IN SHARE MODE").format(internal_table(table)).as_string()
-        )
-        schema = arrow_schema(source.columns).append(pa.field(RUN_COLUMN, pa.int64()))
         cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        history = copy_out(cursor, table, schema)
-        if history.num_rows:
-            chain = catalog.lineage(records, plan)
-            partial = self.backend.partials(history, chain)[plan.name]
-            copy_in(cursor, partial_archive_table(plan.name), partial)
+        chain = catalog.lineage(records, plan)
+        for name in plan.raw_sources:
+            source = records[name].plan
+            assert isinstance(source, RawStreamPlan)
+            table = raw_archive_table(source.name)
+            cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(internal_table(table)))
+            schema = arrow_schema(source.columns).append(pa.field(RUN_COLUMN, pa.int64()))
+            history = copy_out(cursor, table, schema)
+            if history.num_rows:
+                partial = self.backend.partials(history, chain, source=source.name)[plan.name]
+                copy_in(cursor, partial_archive_table(plan.name), partial)
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
@@ -182,14 +187,14 @@ class StrataService:
             users = sorted(
                 r.name
                 for r in records.values()
-                if isinstance(r.plan, DerivedStreamPlan) and name in r.plan.dependencies
+                if not isinstance(r.plan, RawStreamPlan) and name in r.plan.dependencies
             )
             if users:
                 raise StreamInUse(
                     f"stream {name!r} is used by {', '.join(users)}; drop those first"
                 )
             for statement in record.plan.drop_statements:
-                connection.exec_driver_sql(statement)
+                _execute_plan_sql(connection, statement)
             catalog.delete_stream(connection, name)
 
     # ---- runs ------------------------------------------------------------------------
@@ -207,10 +212,10 @@ class StrataService:
         if known is not None:
             return self._same_run(known, stream)
         record = self.stream(stream)
-        if isinstance(record.plan, DerivedStreamPlan):
+        if not isinstance(record.plan, RawStreamPlan):
             raise NotARawStream(
                 f"stream {stream!r} is derived; post runs to its raw source "
-                f"{record.plan.raw_source!r}"
+                f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
         table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
         with self.engine.begin() as connection:
@@ -356,7 +361,7 @@ class StrataService:
         data = pa.concat_tables([self.spool.read(path) for path in paths])
         started = time.perf_counter()
         dependents = catalog.dependents(self.streams(), stream)
-        partials = self.backend.partials(data, dependents, files=paths)
+        partials = self.backend.partials(data, dependents, source=stream, files=paths)
         return _Batch(stream, runs, data, dependents, partials, time.perf_counter() - started)
 
     def _finish(self, seq: int) -> None:
@@ -440,5 +445,5 @@ class StrataService:
             if committed != {r.seq for r in runs}:
                 raise _Retry([r for r in runs if r.seq in committed])
             copy_in(cursor, raw_archive_table(stream), batch.data)
-            for plan in dependents:
-                copy_in(cursor, partial_archive_table(plan.name), batch.partials[plan.name])
+            for name, partial in batch.partials.items():
+                copy_in(cursor, partial_archive_table(name), partial)

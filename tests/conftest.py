@@ -95,7 +95,9 @@ def strata_client(database_url: str, spark: SparkSession, data_dir: Path) -> Ite
     settings = Settings(data_dir=data_dir, run_wait_timeout=120)
     app = create_app(service, settings, {"database_url": database_url})
     try:
-        with TestClient(app, raise_server_exceptions=False) as client:
+        with TestClient(
+            app, raise_server_exceptions=os.environ.get("STRATA_TEST_RAISE") == "1"
+        ) as client:
             yield Strata(client, service, database_url)
     finally:
         service.stop()

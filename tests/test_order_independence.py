@@ -1,5 +1,6 @@
 """Invariant 1, property-based: for any split of the same rows into runs, any arrival order and
-any lateness, every derived view equals a plain PostgreSQL GROUP BY over the raw archive.
+any lateness, every derived view equals a plain PostgreSQL GROUP BY over the raw archive:
+tumbling and sliding windows, HAVING, a roll-up and a serial stream (gather point).
 
 Hypothesis draws events spread over several days, splits them into runs, shuffles the runs
 (so whole runs arrive days late), encodes each run as CSV or NDJSON, and creates some
@@ -47,6 +48,15 @@ DERIVED = {
         "GROUP BY user_id % 3, user_id / 1000, {window} HAVING count(*) > 1",
         3600,
     ),
+    "sliding": (
+        "CREATE STREAM {name} AS SELECT campaign, count(*) AS n, sum(price) AS revenue, "
+        "window_start FROM HOP({raw}, t, INTERVAL '1 hour', INTERVAL '3 hours') "
+        "GROUP BY campaign, window_start",
+        "SELECT campaign, count(*), sum(price), w FROM {raw} CROSS JOIN LATERAL "
+        "generate_series({window} - interval '2 hours', {window}, interval '1 hour') AS w "
+        "GROUP BY campaign, w",
+        3600,
+    ),
     "daily_text": (
         "CREATE STREAM {name} AS SELECT min(campaign) AS first, max(campaign) AS last, "
         "count(campaign) AS named, window_end FROM TUMBLE({raw}, t, INTERVAL '1 day') "
@@ -55,6 +65,28 @@ DERIVED = {
         "FROM {raw} GROUP BY {window}",
         86400,
     ),
+}
+
+# Streams over the streams above, created right after their source: a roll-up that stays
+# parallel, and a gather point (max over count) that is serial.
+OVER = {
+    "per_minute": {
+        "per_hour": (
+            "CREATE STREAM {name} AS SELECT campaign, sum(n) AS n, avg(mean) AS mean, "
+            "max(hi) AS hi, window_start FROM TUMBLE({source}, t, INTERVAL '1 hour') "
+            "GROUP BY campaign, window_start",
+            "SELECT campaign, count(*)::numeric, avg(price), max(price), {window} "
+            "FROM {raw} GROUP BY campaign, {window}",
+            3600,
+        ),
+        "busiest": (
+            "CREATE STREAM {name} AS SELECT max(n) AS top, window_end AS t "
+            "FROM TUMBLE({source}, t, INTERVAL '1 minute') GROUP BY window_end",
+            "SELECT max(n), w + interval '1 minute' FROM (SELECT count(*) AS n, {window} AS w "
+            "FROM {raw} GROUP BY campaign, {window}) c GROUP BY w",
+            60,
+        ),
+    },
 }
 
 events = st.lists(
@@ -135,6 +167,8 @@ def test_views_equal_batch_group_by(module_strata: Strata, rows: list[dict], dat
 
     def create(kind: str) -> None:
         strata.create(DERIVED[kind][0].format(name=f"{kind}_{suffix}", raw=raw))
+        for over, (ddl, _oracle, _seconds) in OVER.get(kind, {}).items():
+            strata.create(ddl.format(name=f"{over}_{suffix}", source=f"{kind}_{suffix}"))
 
     for kind in sorted(set(DERIVED) - late_streams):
         create(kind)
@@ -150,7 +184,8 @@ def test_views_equal_batch_group_by(module_strata: Strata, rows: list[dict], dat
             create(kind)
 
     assert strata.query(f"SELECT count(*) FROM {raw}") == [(len(rows),)]
-    for kind, (_ddl, oracle, seconds) in DERIVED.items():
+    checks = list(DERIVED.items()) + [i for over in OVER.values() for i in over.items()]
+    for kind, (_ddl, oracle, seconds) in checks:
         view = strata.query(f"SELECT * FROM {kind}_{suffix}")
         expected = strata.query(oracle.format(raw=raw, window=_window(seconds)))
         assert _normalise(view) == _normalise(expected), kind

@@ -243,7 +243,10 @@ def test_gather_points_are_serial_views(strata: Strata) -> None:
         assert described["parallelism_reason"].startswith("serial: "), name
     _ingest_shuffled(strata, "impsns", _rows(600, seed=5), runs=3, seed=6)
     m1, m5 = _minute(60), _minute(300)
-    per = f"(SELECT campaign, count(*) AS c, sum(price) AS s, {m1} AS w FROM impsns GROUP BY 1, {m1}) p"
+    per = (
+        f"(SELECT campaign, count(*) AS c, sum(price) AS s, {m1} AS w "
+        f"FROM impsns GROUP BY 1, {m1}) p"
+    )
     _same(
         strata,
         "SELECT * FROM busy",
@@ -336,3 +339,63 @@ def test_rollup_chains_equal_batch(
             f"SELECT campaign, count(*){cast}, sum(price), avg(price), min(price), max(price), "
             f"{window}{shift} FROM {raw} GROUP BY campaign, {window}",
         )
+
+
+def test_selection_projection_and_union_all_streams(strata: Strata) -> None:
+    strata.create(IMPSNS.format(raw="web"))
+    strata.create(IMPSNS.format(raw="app"))
+    # Selection with several conditions and computed columns (seeds/004).
+    big = strata.create(
+        "CREATE STREAM big AS SELECT campaign, price * 2 AS doubled, user_id % 10 AS bucket, t "
+        "FROM web WHERE price > 1 AND campaign IS NOT NULL AND user_id < 90"
+    )
+    assert big["event_time"] == "t" and big["raw_sources"] == ["web"]
+    strata.create(
+        "CREATE STREAM big_count AS SELECT bucket, count(*) AS c, sum(doubled) AS s, "
+        "window_end AS t FROM TUMBLE(big, t, INTERVAL '1 minute') GROUP BY bucket, window_end"
+    )
+    # UNION ALL of streams with the same columns as the source of a derived stream.
+    both = strata.create(
+        "CREATE STREAM both_channels AS SELECT campaign, price, t FROM web "
+        "UNION ALL SELECT campaign, price, t FROM app"
+    )
+    assert sorted(both["raw_sources"]) == ["app", "web"]
+    rows = _rows(900, seed=11)
+    _ingest_shuffled(strata, "web", rows[:500], runs=3, seed=12)
+    # A stream created after data arrived back-fills from every source.
+    strata.create(
+        "CREATE STREAM both_count AS SELECT campaign, count(*) AS c, avg(price) AS a, "
+        "window_end AS t FROM TUMBLE(both_channels, t, INTERVAL '5 minutes') "
+        "GROUP BY campaign, window_end"
+    )
+    _ingest_shuffled(strata, "app", rows[500:], runs=3, seed=13)
+    _ingest_shuffled(strata, "web", _rows(300, seed=14), runs=2, seed=15)
+    m1, m5 = _minute(60), _minute(300)
+    _same(
+        strata,
+        "SELECT * FROM big_count",
+        f"SELECT user_id % 10, count(*), sum(price * 2), {m1} + interval '1 minute' FROM web "
+        f"WHERE price > 1 AND campaign IS NOT NULL AND user_id < 90 GROUP BY 1, {m1}",
+    )
+    union = "(SELECT campaign, price, t FROM web UNION ALL SELECT campaign, price, t FROM app) u"
+    _same(
+        strata,
+        "SELECT * FROM both_count",
+        f"SELECT campaign, count(*), avg(price), {m5} + interval '5 minutes' FROM {union} "
+        f"GROUP BY 1, {m5}",
+    )
+    assert strata.query("SELECT count(*) FROM both_channels") == [(1200,)]
+    assert strata.post_run("both_channels", "").status_code == 400
+    assert strata.client.delete("/streams/web").status_code == 409
+    mismatch = strata.client.post(
+        "/streams",
+        json={
+            "sql": "CREATE STREAM bad AS SELECT campaign, t FROM web "
+            "UNION ALL SELECT user_id, t FROM app"
+        },
+    )
+    assert mismatch.status_code == 400 and "same column names and types" in mismatch.json()["error"]
+    no_time = strata.client.post(
+        "/streams", json={"sql": "CREATE STREAM bad AS SELECT campaign FROM web"}
+    )
+    assert no_time.status_code == 400 and "event time" in no_time.json()["error"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table, raw_archive_table
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan
+from rewriter.plan import ProjectionStreamPlan, RawStreamPlan
 from server.catalog import StreamRecord
 
 
@@ -12,7 +12,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
     dependents = sorted(
         r.name
         for r in records.values()
-        if isinstance(r.plan, DerivedStreamPlan) and record.name in r.plan.dependencies
+        if not isinstance(r.plan, RawStreamPlan) and record.name in r.plan.dependencies
     )
     base: dict[str, object] = {
         "name": record.name,
@@ -27,6 +27,22 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "event_time": plan.event_time,
             "archive_table": f"{INTERNAL_SCHEMA}.{raw_archive_table(plan.name)}",
         }
+    if isinstance(plan, ProjectionStreamPlan):
+        return base | {
+            "sources": list(plan.raw_sources),
+            "raw_sources": list(plan.raw_sources),
+            "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
+            "event_time": plan.event_time,
+            "parallelism": "PP",
+            "parallelism_reason": "no aggregates: each source's runs are mapped row by row",
+            "rewrite": {
+                "view_sql": plan.view_query,
+                "branches": [
+                    {"source": b.source, "spark_query": b.spark_query} for b in plan.branches
+                ],
+                "ddl": list(plan.create_statements),
+            },
+        }
     rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}
     if plan.is_parallel:
         rewrite |= {
@@ -38,7 +54,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         }
     return base | {
         "source": plan.source,
-        "raw_source": plan.raw_source,
+        "raw_sources": list(plan.raw_sources),
         "window": plan.window,
         "columns": [{"name": c.name, "type": c.pg_type} for c in plan.outputs],
         "parallelism": plan.parallelism,

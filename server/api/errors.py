@@ -47,7 +47,11 @@ def status_of(error: StrataError) -> int:
 def install(app: FastAPI) -> None:
     @app.exception_handler(StrataError)
     async def strata_error(_request: Request, error: StrataError) -> JSONResponse:
-        body = error.to_dict() if isinstance(error, RunFormatError) else {"error": str(error)}
+        body: dict[str, object] = (
+            error.to_dict() if isinstance(error, RunFormatError) else {"error": str(error)}
+        )
+        if error.position is not None:
+            body["line"], body["column"] = error.position
         return JSONResponse(body, status_code=status_of(error))
 
     @app.exception_handler(RequestValidationError)
