@@ -15,6 +15,7 @@ from rewriter import naming
 from rewriter.build_archive import create_view, drop, table
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan
+from rewriter.registry import exact_in_postgres
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.split_aggregates import output_name
 
@@ -55,7 +56,8 @@ def build_serial(
     query.set(
         "from_", exp.From(this=exp.alias_(table(window.source.name, naming.PUBLIC_SCHEMA), "src"))
     )
-    placed = query.transform(place)
+    # Sketches are Spark-side partial forms; on final values PostgreSQL computes exactly.
+    placed = query.transform(place).transform(exact_in_postgres)
     assert isinstance(placed, exp.Select)
     query = placed
     outputs = []

@@ -3,29 +3,70 @@
 seeds/003: an aggregate is split into a *partial* aggregate computed per run (here by Spark),
 a *reduce* aggregate (partial state -> partial state, PostgreSQL) and a *final* aggregate
 (partial state -> answer, PostgreSQL, in the consolidating view). State columns are plain,
-documented columns of the partial archive, never opaque blobs.
+documented columns of the partial archive, never opaque blobs. The reduce and final forms
+that PostgreSQL lacks are defined in sql/002_aggregates.sql.
 
-| aggregate | state columns (partial, Spark) | reduce   | final (PostgreSQL)               |
-|-----------|--------------------------------|----------|----------------------------------|
-| count(*)  | count = count(*)               | sum      | sum(count)::bigint               |
-| count(x)  | count = count(x)               | sum      | sum(count)::bigint               |
-| sum(x)    | sum = sum(x)                   | sum      | sum(sum)::<type of sum(x)>       |
-| min(x)    | min = min(x)                   | min      | min(min)                         |
-| max(x)    | max = max(x)                   | max      | max(max)                         |
-| avg(x)    | sum = sum(x), count = count(x) | sum, sum | sum(sum) / nullif(sum(count), 0) |
+| aggregate | state column = partial (Spark) | reduce (PostgreSQL) | final (PostgreSQL, in the view) | result, error |
+|---|---|---|---|---|
+| count(*) | count = count(*) | sum | sum(count)::bigint | bigint, exact |
+| count(x) | count = count(x) | sum | sum(count)::bigint | bigint, exact |
+| sum(x) | sum = sum(x) | sum | sum(sum)::<type of sum(x)> | PostgreSQL's type, exact (floats: summation order) |
+| min(x), max(x) | min = min(x), max = max(x) | min, max | min(min), max(max) | x's type, exact |
+| avg(x) | sum = sum(x), count = count(x) | sum, sum | sum(sum) / nullif(sum(count), 0) | numeric or double precision, exact (floats: summation order) |
+| stddev(x), stddev_samp(x), stddev_pop(x), variance(x), var_samp(x), var_pop(x) (1) | moments = {N, Sx, Sxx}: numeric[] for integer/numeric x, double precision[] for real/double x | strata_moments_merge | strata_stddev_samp(moments), strata_stddev_pop, strata_var_samp, strata_var_pop | numeric: PostgreSQL's own digits, exactly; double precision: within rounding, as accurate as PostgreSQL's own |
+| bool_and(x), every(x) | bool_and = bool_and(x) | bool_and | bool_and(bool_and) | boolean, exact |
+| bool_or(x) | bool_or = bool_or(x) | bool_or | bool_or(bool_or) | boolean, exact |
+| count(DISTINCT x) (2) | set = collect_set(x), x[] | strata_set_union | cardinality(strata_set_union(set))::bigint | bigint, exact |
+| approx_count_distinct(x) (3) | kmv = the 1024 smallest distinct xxhash64(x), bigint[] | strata_kmv_union | strata_kmv_estimate(strata_kmv_union(kmv)) | bigint; exact below 1024 distinct values, else relative standard error 3.1%, within 10% with probability > 99.8% |
+| approx_percentile(x, p) (4) | ddsketch = jsonb {bucket: count} | strata_ddsketch_merge | strata_ddsketch_quantile(strata_ddsketch_merge(ddsketch), p) | double precision, within 1% (relative) of percentile_disc(p) WITHIN GROUP (ORDER BY x) |
+| agg(...) FILTER (WHERE c) | agg's states, each Spark aggregate in them FILTER (WHERE c) | agg's | agg's | agg's; count(*) FILTER is 0, not NULL, where no row matches |
+
+(1) integer and numeric x: {count(x), sum(x), sum(x * x)}, exact. Where x * x could exceed
+Spark's 38 digits (bigint, numeric of more than 13 digits) the unscaled digits of x are cut
+into 13-digit limbs and the limb products summed per power of 10^13, then carried into one
+exact number. Merging adds the three. The final is PostgreSQL's numeric_stddev_internal:
+(N Sxx - Sx^2) / (N (N - 1)) (or N^2) at the scale numeric division picks, its square root
+rounded half away from zero at that scale, 0 when the numerator is not positive. real and
+double x: PostgreSQL's float8 state, Sxx = sum((x - mean)^2) = var_pop(x) * count(x) (Spark
+computes it stably), merged by PostgreSQL's float8_combine (Chan et al.) and finished by its
+float8_stddev_samp etc.
+(2) The run's distinct non-NULL values, as PostgreSQL's array of x's type (timestamps as
+bigint[] of epoch microseconds, dates as integer[] of epoch days; -0.0 counted as 0.0);
+merged by union.
+(3) KMV, k = 1024: the k smallest distinct 64-bit hashes. Merged by union, keeping the k
+smallest. Fewer than k: the exact count; else (k - 1) / U_k, U_k the k-th smallest hash
+mapped onto (0, 1]; relative standard error 1 / sqrt(k - 2) = 3.1% (10% = 3.2 of them).
+(4) DDSketch, alpha = 1%, gamma = (1 + alpha) / (1 - alpha): bucket 100000 + ceil(ln(x) /
+ln(gamma)) for x > 0, -(100000 + ceil(ln(-x) / ln(gamma))) for x < 0, 0 for 0; buckets sort
+as their values. Merged by adding counts per bucket. The final walks the buckets to rank
+max(1, ceil(p n)), percentile_disc's rank, and returns that bucket's value (1 - alpha)
+gamma^i, within alpha of every value in the bucket. NULL (and NaN) values are skipped.
 
 Adding an aggregate is one entry here plus its tests.
-"""
+"""  # noqa: E501 - the table's rows are one line each
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
+import sqlglot
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
 from rewriter.types import SqlType
+
+# KMV sketch size (sql/002_aggregates.sql spells the same number).
+KMV_K = 1024
+# DDSketch relative accuracy, ln(gamma) for gamma = (1 + alpha) / (1 - alpha), the offset of
+# the bucket indexes and their cap (beyond any finite double: the infinities). The SQL file
+# spells the same constants; tests check that both engines bucket alike.
+DDSKETCH_ALPHA = 0.01
+DDSKETCH_LN_GAMMA = 0.020000666706669435
+DDSKETCH_OFFSET = 100000
+DDSKETCH_MAX_INDEX = 40000
 
 
 @dataclass(frozen=True)
@@ -50,9 +91,40 @@ class AggregateRule:
     accepts_text: str
 
 
+@dataclass(frozen=True)
+class AggregateCall:
+    """An aggregate call taken apart: its rule, the row expression it aggregates (None for
+    count(*)) and its FILTER (WHERE ...) condition."""
+
+    rule: AggregateRule
+    argument: exp.Expr | None
+    condition: exp.Expr | None
+
+
 def _arg(arg: exp.Expr | None) -> exp.Expr:
     assert arg is not None
     return arg
+
+
+def _type(arg_type: SqlType | None) -> SqlType:
+    assert arg_type is not None
+    return arg_type
+
+
+@cache
+def _parsed_template(template: str) -> exp.Expr:
+    return sqlglot.parse_one(template, read="spark")
+
+
+def _spark(template: str, **values: exp.Expr) -> exp.Expr:
+    """A Spark expression from a template whose :name placeholders take ``values``."""
+
+    def fill(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Placeholder):
+            return values[node.name].copy()
+        return node
+
+    return _parsed_template(template).copy().transform(fill)
 
 
 def _sum_input(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
@@ -121,8 +193,253 @@ def _is_ordered(t: SqlType) -> bool:
     return t.name != "boolean"
 
 
+def _is_boolean(t: SqlType) -> bool:
+    return t.name == "boolean"
+
+
 def _any(_t: SqlType) -> bool:
     return True
+
+
+# ---------------------------------------------------------------------------------------
+# Partial states as PostgreSQL literals. Spark cannot hand arrays to COPY, so a state that
+# is an array (or a jsonb object) leaves Spark as the text PostgreSQL reads it from.
+# ---------------------------------------------------------------------------------------
+
+
+def _pg_array(elements: exp.Expr) -> exp.Expr:
+    """PostgreSQL's literal of a Spark array<string> of (already quoted) elements."""
+    return _spark("concat('{', array_join(:elements, ','), '}')", elements=elements)
+
+
+# Where x * x fits Spark's 38 digits with room to sum 10^10 rows, Sxx is summed directly.
+_DIRECT_SQUARE_DIGITS = 13
+_LIMB_DIGITS = 13
+
+
+def _exact_sum_of_squares(x: exp.Expr, arg_type: SqlType) -> exp.Expr:
+    """sum(x * x), exactly, as the text of a PostgreSQL numeric at twice x's scale.
+
+    Squares of bigint and wide numeric values need up to 77 digits: the unscaled digits of
+    |x| are cut into 13-digit limbs, the limb products summed per power of 10^13 (each sum
+    stays far below 10^38) and the sums carried into one digit string, 'E-<2 * scale>'.
+    """
+    if arg_type.name in ("smallint", "integer") or (
+        arg_type.is_numeric
+        and arg_type.precision is not None
+        and arg_type.precision <= _DIRECT_SQUARE_DIGITS
+    ):
+        if arg_type.is_numeric:
+            exact = f"decimal({arg_type.precision},{arg_type.scale or 0})"
+        else:
+            exact = "decimal(10,0)"
+        value = exp.cast(x, exact)
+        return _spark("CAST(sum(:x * :x) AS STRING)", x=value)
+    limbs = 2 if arg_type.name == "bigint" else 3  # 19 or up to 38 digits
+    digits = _spark(
+        f"lpad(translate(CAST(:x AS STRING), '-.', ''), {limbs * _LIMB_DIGITS}, '0')", x=x
+    )
+
+    def limb(i: int) -> exp.Expr:  # limb 0 is the least significant
+        start = (limbs - 1 - i) * _LIMB_DIGITS + 1
+        return _spark(
+            f"CAST(substr(:digits, {start}, {_LIMB_DIGITS}) AS DECIMAL({_LIMB_DIGITS},0))",
+            digits=digits,
+        )
+
+    sums: list[exp.Expr] = []
+    for power in range(2 * limbs - 1):
+        terms: list[exp.Expr] = []
+        for i in range(limbs):
+            j = power - i
+            if i <= j < limbs:
+                product: exp.Expr = exp.Mul(this=limb(i), expression=limb(j))
+                if i != j:
+                    product = exp.Mul(this=exp.Literal.number(2), expression=product)
+                terms.append(product)
+        total = terms[0]
+        for term in terms[1:]:
+            total = exp.Add(this=total, expression=term)
+        sums.append(exp.Sum(this=total))
+    if arg_type.is_numeric:
+        # The scale of x's Spark type (a numeric expression's scale is PostgreSQL's too),
+        # inside an aggregate as the query is grouped.
+        scale = _spark("substring_index(substring_index(max(typeof(:x)), ',', -1), ')', 1)", x=x)
+        exponent = _spark("CAST(2 * CAST(:scale AS INT) AS STRING)", scale=scale)
+    else:
+        exponent = exp.Literal.string("0")
+    # Carry the sums (least significant first) into one digit string: each step keeps the
+    # low 13 digits of sum + carry and carries the rest (all parts are non-negative).
+    return _spark(
+        "aggregate(:sums, named_struct('carry', CAST(0 AS DECIMAL(38,0)), 'digits', ''), "
+        "(acc, part) -> named_struct("
+        "'carry', CAST(substr(concat('0000000000000', CAST(part + acc.carry AS STRING)), 1, "
+        "length(concat('0000000000000', CAST(part + acc.carry AS STRING))) - 13) "
+        "AS DECIMAL(38,0)), "
+        "'digits', concat(substr(concat('0000000000000', CAST(part + acc.carry AS STRING)), "
+        "-13), acc.digits)), "
+        "acc -> concat(CAST(acc.carry AS STRING), acc.digits, 'E-', :exponent))",
+        sums=exp.Array(expressions=sums),
+        exponent=exponent,
+    )
+
+
+def _moments_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
+    x, sql_type = _arg(arg), _type(arg_type)
+    if sql_type.is_float:
+        # PostgreSQL's float8 state {N, Sx, Sxx}, Sxx the sum of squared deviations from the
+        # mean: Spark's var_pop is computed stably (Welford), times N gives it back.
+        return _spark(
+            "concat('{', CAST(count(:x) AS STRING), ',', CAST(sum(:x) AS STRING), ',', "
+            "CAST(var_pop(:x) * count(:x) AS STRING), '}')",
+            x=exp.cast(x, "double"),
+        )
+    # NULL (no row) when sum(x) is NULL, like PostgreSQL's state.
+    return _spark(
+        "concat('{', CAST(count(:x) AS STRING), ',', CAST(sum(:sx) AS STRING), ',', :sxx, '}')",
+        x=x,
+        sx=_sum_input(x, sql_type),
+        sxx=_exact_sum_of_squares(x, sql_type),
+    )
+
+
+def _moments_type(arg_type: SqlType | None) -> str:
+    return "double precision[]" if _type(arg_type).is_float else "numeric[]"
+
+
+_MOMENTS_STATE = StateSpec("moments", _moments_partial, "strata_moments_merge", _moments_type)
+
+
+def _moments_rule(name: str, final_function: str) -> AggregateRule:
+    return AggregateRule(
+        name=name,
+        takes_star=False,
+        states=(_MOMENTS_STATE,),
+        final=lambda reduced, t: _cast(exp.func(final_function, reduced[0]), _avg_type(t)),
+        result_type=_avg_type,
+        accepts=_is_number,
+        accepts_text="number types",
+    )
+
+
+def _bool_rule(name: str, state_name: str, aggregate: type[exp.Func]) -> AggregateRule:
+    state = StateSpec(
+        state_name, lambda a, _t: aggregate(this=_arg(a)), state_name, lambda _t: "boolean"
+    )
+    return AggregateRule(
+        name=name,
+        takes_star=False,
+        states=(state,),
+        final=lambda reduced, _t: _cast(reduced[0], "boolean"),
+        result_type=lambda _t: "boolean",
+        accepts=_is_boolean,
+        accepts_text="boolean",
+    )
+
+
+def _comparable(x: exp.Expr, arg_type: SqlType) -> exp.Expr:
+    """x as Spark should compare it for distinctness the way PostgreSQL does."""
+    if arg_type.is_float:  # -0.0 = 0.0 in PostgreSQL; keep one of them
+        zero = exp.cast(exp.Literal.number(0), arg_type.spark())
+        return exp.If(this=exp.EQ(this=x.copy(), expression=zero), true=zero.copy(), false=x.copy())
+    return x
+
+
+def _set_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
+    x, sql_type = _arg(arg), _type(arg_type)
+    if sql_type.name == "text":
+        # Quote every element: "..." with backslash and double quote escaped.
+        elements = _spark(
+            "transform(collect_set(:x), v -> concat('\"', "
+            "replace(replace(v, :backslash, :two_backslashes), '\"', :escaped_quote), '\"'))",
+            x=x,
+            backslash=exp.Literal.string("\\"),
+            two_backslashes=exp.Literal.string("\\\\"),
+            escaped_quote=exp.Literal.string('\\"'),
+        )
+        return _pg_array(elements)
+    if sql_type.name == "date":
+        values = _spark("collect_set(unix_date(:x))", x=x)
+    elif sql_type.is_temporal:
+        values = _spark("collect_set(unix_micros(CAST(:x AS TIMESTAMP)))", x=x)
+    else:
+        values = exp.ArrayUniqueAgg(this=_comparable(x, sql_type))
+    return _pg_array(_spark("CAST(:collected AS ARRAY<STRING>)", collected=values))
+
+
+def _set_type(arg_type: SqlType | None) -> str:
+    sql_type = _type(arg_type)
+    if sql_type.name == "date":
+        return "integer[]"
+    if sql_type.is_temporal:
+        return "bigint[]"
+    return f"{sql_type.name}[]"
+
+
+def _kmv_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
+    x = _comparable(_arg(arg), _type(arg_type))
+    smallest = _spark(
+        f"slice(array_sort(collect_set(CASE WHEN :x IS NOT NULL THEN xxhash64(:x) END)), "
+        f"1, {KMV_K})",
+        x=x,
+    )
+    return _pg_array(_spark("CAST(:hashes AS ARRAY<STRING>)", hashes=smallest))
+
+
+def ddsketch_bucket(x: exp.Expr) -> exp.Expr:
+    """Spark: the DDSketch bucket of a double x (strata_ddsketch_bucket in sql/002)."""
+    ln_gamma = f"CAST({DDSKETCH_LN_GAMMA!r} AS DOUBLE)"
+    index = f"least(ceil(ln({{x}}) / {ln_gamma}), {DDSKETCH_MAX_INDEX})"
+    return _spark(
+        f"CASE WHEN :x > 0 THEN {DDSKETCH_OFFSET} + {index.format(x=':x')} "
+        f"WHEN :x < 0 THEN -{DDSKETCH_OFFSET} - {index.format(x='-:x')} "
+        "WHEN :x = 0 THEN 0 END",
+        x=x,
+    )
+
+
+def _ddsketch_partial(arg: exp.Expr | None, _arg_type: SqlType | None) -> exp.Expr:
+    bucket = ddsketch_bucket(exp.cast(_arg(arg), "double"))
+    # Run-length count of the sorted buckets without an O(n^2) step: the positions where a
+    # new bucket starts (and the end), then the differences of consecutive positions.
+    # element_at(transform(array(value), name -> ...), 1) binds a value to a name once.
+    return _spark(
+        "element_at(transform(array(array_sort(collect_list(:bucket))), buckets -> "
+        "element_at(transform(array(filter(transform(zip_with(buckets, "
+        "concat(array(NULL), buckets), (this, previous) -> this <=> previous), "
+        "(same, i) -> IF(same, -1, i)), i -> i >= 0)), starts -> "
+        "to_json(map_from_arrays(array_distinct(buckets), "
+        "filter(zip_with(slice(starts, 2, size(starts)), starts, "
+        "(following, start) -> following - start), n -> n IS NOT NULL)))), 1)), 1)",
+        bucket=bucket,
+    )
+
+
+def _fraction(node: exp.Expr, shown: str) -> float:
+    """approx_percentile's p: a constant between 0 and 1."""
+    text = node.sql("postgres")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (isinstance(node, exp.Literal | exp.Neg) and 0 <= value <= 1):
+        raise UnsupportedSQL(
+            f"{shown!r}: approx_percentile(x, p) takes a constant fraction p between 0 and 1, "
+            f"not {text}"
+        )
+    return value
+
+
+def _percentile_final(fraction: float) -> Callable[[list[exp.Expr], SqlType | None], exp.Expr]:
+    def final(reduced: list[exp.Expr], _t: SqlType | None) -> exp.Expr:
+        quantile = exp.func(
+            "strata_ddsketch_quantile",
+            reduced[0],
+            _cast(exp.Literal.number(repr(fraction)), "double precision"),
+        )
+        return _cast(quantile, "double precision")
+
+    return final
 
 
 REGISTRY: dict[str, AggregateRule] = {
@@ -185,9 +502,54 @@ REGISTRY: dict[str, AggregateRule] = {
         accepts=_is_number,
         accepts_text="number types",
     ),
+    "stddev": _moments_rule("stddev", "strata_stddev_samp"),
+    "stddev_samp": _moments_rule("stddev_samp", "strata_stddev_samp"),
+    "stddev_pop": _moments_rule("stddev_pop", "strata_stddev_pop"),
+    "var_samp": _moments_rule("var_samp", "strata_var_samp"),  # also variance(x)
+    "var_pop": _moments_rule("var_pop", "strata_var_pop"),
+    "bool_and": _bool_rule("bool_and", "bool_and", exp.LogicalAnd),
+    "every": _bool_rule("every", "bool_and", exp.LogicalAnd),
+    "bool_or": _bool_rule("bool_or", "bool_or", exp.LogicalOr),
+    "count(DISTINCT)": AggregateRule(
+        name="count(DISTINCT)",
+        takes_star=False,
+        states=(StateSpec("set", _set_partial, "strata_set_union", _set_type),),
+        final=lambda reduced, _t: _cast(
+            exp.func("coalesce", exp.func("cardinality", reduced[0]), exp.Literal.number(0)),
+            "bigint",
+        ),
+        result_type=lambda _t: "bigint",
+        accepts=_any,
+        accepts_text="any type",
+    ),
+    "approx_count_distinct": AggregateRule(
+        name="approx_count_distinct",
+        takes_star=False,
+        states=(StateSpec("kmv", _kmv_partial, "strata_kmv_union", lambda _t: "bigint[]"),),
+        final=lambda reduced, _t: _cast(exp.func("strata_kmv_estimate", reduced[0]), "bigint"),
+        result_type=lambda _t: "bigint",
+        accepts=_any,
+        accepts_text="any type",
+    ),
+    "approx_percentile": AggregateRule(
+        name="approx_percentile",
+        takes_star=False,
+        states=(
+            StateSpec("ddsketch", _ddsketch_partial, "strata_ddsketch_merge", lambda _t: "jsonb"),
+        ),
+        final=_percentile_final(0.5),  # the call's own p replaces it (parse_aggregate)
+        result_type=lambda _t: "double precision",
+        accepts=_is_number,
+        accepts_text="number types",
+    ),
 }
 
-SUPPORTED_AGGREGATES = "count(*), count(x), sum(x), min(x), max(x), avg(x)"
+SUPPORTED_AGGREGATES = (
+    "count(*), count(x), sum(x), min(x), max(x), avg(x), stddev(x), stddev_samp(x), "
+    "stddev_pop(x), variance(x), var_samp(x), var_pop(x), bool_and(x), bool_or(x), every(x), "
+    "count(DISTINCT x), approx_count_distinct(x), approx_percentile(x, p); each may take "
+    "FILTER (WHERE condition)"
+)
 
 _NODE_TO_NAME: dict[type[exp.Expr], str] = {
     exp.Count: "count",
@@ -195,26 +557,122 @@ _NODE_TO_NAME: dict[type[exp.Expr], str] = {
     exp.Min: "min",
     exp.Max: "max",
     exp.Avg: "avg",
+    exp.Stddev: "stddev",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+    exp.LogicalAnd: "bool_and",
+    exp.LogicalOr: "bool_or",
+    exp.ApproxDistinct: "approx_count_distinct",
 }
+# Aggregates sqlglot reads as plain (anonymous) function calls.
+_ANONYMOUS_AGGREGATES = {"every", "approx_percentile"}
 
 
 def is_aggregate(node: exp.Expr) -> bool:
+    """An aggregate call, with or without FILTER (also ones Strata refuses, to say so)."""
+    if isinstance(node, exp.Filter | exp.WithinGroup):
+        return True
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower() in _ANONYMOUS_AGGREGATES
     return isinstance(node, exp.AggFunc)
+
+
+def contains_aggregate(node: exp.Expr) -> bool:
+    return any(is_aggregate(n) for n in node.walk())
+
+
+def _unsupported(shown: str) -> UnsupportedSQL:
+    return UnsupportedSQL(
+        f"aggregate {shown!r} is not supported; supported aggregates: {SUPPORTED_AGGREGATES}"
+    )
+
+
+def parse_aggregate(node: exp.Expr) -> AggregateCall:
+    """Take an aggregate call apart, or raise an error naming what is supported."""
+    shown = node.sql("postgres")
+    condition: exp.Expr | None = None
+    if isinstance(node, exp.Filter):
+        where = node.expression
+        condition = where.this if isinstance(where, exp.Where) else where
+        node = node.this
+    if isinstance(node, exp.WithinGroup):
+        raise UnsupportedSQL(
+            f"{shown!r}: ordered-set aggregates (WITHIN GROUP) are not supported; for "
+            f"percentiles use approx_percentile(x, p) (within {DDSKETCH_ALPHA:.0%}, relative)"
+        )
+    if isinstance(node, exp.Anonymous):
+        name: str | None = node.name.lower() if node.name.lower() in _ANONYMOUS_AGGREGATES else None
+        arguments = list(node.expressions)
+    else:
+        name = _NODE_TO_NAME.get(type(node))
+        arguments = [node.this] if node.this is not None else []
+        arguments += [v for k, v in node.args.items() if k != "this" and isinstance(v, exp.Expr)]
+        arguments += node.expressions
+    if name is None:
+        raise _unsupported(shown)
+    if arguments and isinstance(arguments[0], exp.Distinct):
+        distinct = arguments[0]
+        if name != "count":
+            raise UnsupportedSQL(
+                f"{shown!r}: DISTINCT inside aggregates is not supported except in "
+                "count(DISTINCT x)"
+            )
+        if len(distinct.expressions) != 1 or len(arguments) != 1:
+            raise UnsupportedSQL(f"{shown!r}: count(DISTINCT x) takes one expression")
+        return AggregateCall(REGISTRY["count(DISTINCT)"], distinct.expressions[0], condition)
+    if name == "count" and arguments and isinstance(arguments[0], exp.Star):
+        return AggregateCall(REGISTRY["count(*)"], None, condition)
+    rule = REGISTRY[name]
+    if name == "approx_percentile":
+        if len(arguments) != 2:
+            raise UnsupportedSQL(f"{shown!r}: approx_percentile takes (x, p), two arguments")
+        fraction = _fraction(arguments[1], shown)
+        rule = dataclasses.replace(rule, final=_percentile_final(fraction))
+    elif len(arguments) != 1:
+        raise UnsupportedSQL(f"{shown!r}: {name} takes one argument")
+    return AggregateCall(rule, arguments[0], condition)
 
 
 def rule_for(node: exp.Expr) -> AggregateRule:
     """The registry entry for an aggregate call, or an error naming what is supported."""
-    name = _NODE_TO_NAME.get(type(node))
-    shown = node.sql("postgres")
-    if name is None:
-        raise UnsupportedSQL(
-            f"aggregate {shown!r} is not supported; supported aggregates: {SUPPORTED_AGGREGATES}"
+    return parse_aggregate(node).rule
+
+
+def filtered(partial: exp.Expr, condition: exp.Expr | None) -> exp.Expr:
+    """A Spark partial with each aggregate call in it restricted by FILTER (WHERE condition)."""
+    if condition is None:
+        return partial
+
+    def restrict(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.AggFunc):
+            return exp.Filter(this=node.copy(), expression=exp.Where(this=condition.copy()))
+        return node
+
+    return partial.transform(restrict)
+
+
+def exact_in_postgres(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL's exact twin of an approximate aggregate, for queries PostgreSQL runs as
+    written (serial streams): approx_count_distinct(x) -> count(DISTINCT x), and
+    approx_percentile(x, p) -> percentile_disc(p) WITHIN GROUP (ORDER BY x) as a double.
+    Both are within the approximations' bounds. Use as ``query.transform(exact_in_postgres)``.
+    """
+    if isinstance(node, exp.ApproxDistinct) and not node.args.get("accuracy"):
+        return exp.Count(this=exp.Distinct(expressions=[node.this.copy()]), big_int=True)
+    call, condition = (node.this, node.expression) if isinstance(node, exp.Filter) else (node, None)
+    if (
+        isinstance(call, exp.Anonymous)
+        and call.name.lower() == "approx_percentile"
+        and len(call.expressions) == 2
+    ):
+        value, fraction = call.expressions
+        ordered: exp.Expr = exp.WithinGroup(
+            this=exp.PercentileDisc(this=fraction.copy()),
+            expression=exp.Order(expressions=[exp.Ordered(this=value.copy())]),
         )
-    if isinstance(node.this, exp.Distinct):
-        raise UnsupportedSQL(
-            f"{shown!r}: DISTINCT inside aggregates is not supported; "
-            f"supported aggregates: {SUPPORTED_AGGREGATES}"
-        )
-    if name == "count" and isinstance(node.this, exp.Star):
-        return REGISTRY["count(*)"]
-    return REGISTRY[name]
+        if condition is not None:
+            ordered = exp.Filter(this=ordered, expression=condition.copy())
+        return _cast(ordered, "double precision")
+    return node

@@ -8,6 +8,7 @@ aggregate replaced by its final form, for the consolidating view.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -16,7 +17,7 @@ from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import DerivedStreamPlan
-from rewriter.registry import is_aggregate, rule_for
+from rewriter.registry import contains_aggregate, filtered, is_aggregate, parse_aggregate
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.types import SqlType
 
@@ -73,10 +74,8 @@ def check_clauses(select: exp.Select) -> None:
     for clause, shown in _UNSUPPORTED_CLAUSES.items():
         if select.args.get(clause):
             raise UnsupportedSQL(f"{shown} is not supported in a derived stream")
-    for node in select.find_all(exp.Subquery, exp.Window, exp.Filter):
-        kind = {exp.Subquery: "subqueries", exp.Window: "window functions (OVER)"}.get(
-            type(node), "FILTER (WHERE ...) on aggregates"
-        )
+    for node in select.find_all(exp.Subquery, exp.Window):
+        kind = "subqueries" if isinstance(node, exp.Subquery) else "window functions (OVER)"
         raise UnsupportedSQL(f"{kind} are not supported yet: {node.sql('postgres')!r}")
 
 
@@ -85,7 +84,7 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     assert not isinstance(window.source, DerivedStreamPlan)
     schema = {c.name: c.type for c in window.source.columns}
     items = select.expressions
-    keys = _group_keys(select, items, schema)
+    keys = _group_keys(select, schema)
     split = _Splitter(keys, schema, window)
     outputs = []
     seen: set[str] = set()
@@ -120,8 +119,20 @@ def output_name(item: exp.Expr) -> str:
         return item.name
     if isinstance(item, exp.Func) and not isinstance(item, exp.Anonymous):
         # PostgreSQL names an unaliased call after its function, e.g. count(*) -> "count".
-        return item.sql_name().lower()
+        # sqlglot folds some spellings together (variance and var_samp; bool_and and every):
+        # those cannot be named back and need an alias.
+        name = item.sql_name().lower()
+        if name not in _FOLDED_NAMES:
+            return _RENAMED.get(name, name)
     raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
+
+
+_RENAMED = {
+    "variance_pop": "var_pop",
+    "logical_or": "bool_or",
+    "approx_distinct": "approx_count_distinct",
+}
+_FOLDED_NAMES = {"variance", "logical_and"}
 
 
 def _is_window_ref(node: exp.Expr) -> bool:
@@ -131,17 +142,21 @@ def _is_window_ref(node: exp.Expr) -> bool:
     )
 
 
-def _group_keys(
-    select: exp.Select, items: list[exp.Expr], schema: dict[str, SqlType]
-) -> list[GroupKey]:
+def group_by_keys(select: exp.Select, columns: Collection[str]) -> list[exp.Expr]:
+    """The GROUP BY items other than the window, positions and aliases resolved, each once.
+
+    ``columns`` are the source's column names (a source column wins over a SELECT alias,
+    as in PostgreSQL). The window (window_start or window_end) must be among the items.
+    """
     group = select.args.get("group")
     if group is None or not group.expressions:
         raise UnsupportedSQL(
             "a derived stream is a grouped aggregate: GROUP BY the window "
             "(window_start or window_end) and any keys"
         )
+    items = select.expressions
     aliases = {i.alias: i.this for i in items if isinstance(i, exp.Alias)}
-    keys: list[GroupKey] = []
+    keys: list[exp.Expr] = []
     has_window = False
     for raw in group.expressions:
         expression = raw
@@ -151,29 +166,32 @@ def _group_keys(
                 raise UnsupportedSQL(f"GROUP BY position {position} is not in the SELECT list")
             chosen = items[position - 1]
             expression = chosen.this if isinstance(chosen, exp.Alias) else chosen
-        elif isinstance(raw, exp.Column) and raw.name not in schema and raw.name in aliases:
+        elif isinstance(raw, exp.Column) and raw.name not in columns and raw.name in aliases:
             expression = aliases[raw.name]
         if _is_window_ref(expression):
             has_window = True
             continue
-        if any(True for _ in expression.find_all(exp.AggFunc)):
+        if contains_aggregate(expression):
             raise UnsupportedSQL(
                 f"GROUP BY {expression.sql('postgres')!r}: aggregates cannot be keys"
             )
-        if any(k.expression == expression for k in keys):
-            continue
-        key_type = infer_type(expression, schema)
-        keys.append(
-            GroupKey(
-                column=naming.key_column(len(keys)),
-                expression=expression.copy(),
-                spark=to_spark(expression, schema),
-                type=key_type,
-            )
-        )
+        if expression not in keys:
+            keys.append(expression)
     if not has_window:
         raise UnsupportedSQL("GROUP BY must include the window: window_start or window_end")
     return keys
+
+
+def _group_keys(select: exp.Select, schema: dict[str, SqlType]) -> list[GroupKey]:
+    return [
+        GroupKey(
+            column=naming.key_column(index),
+            expression=expression.copy(),
+            spark=to_spark(expression, schema),
+            type=infer_type(expression, schema),
+        )
+        for index, expression in enumerate(group_by_keys(select, schema))
+    ]
 
 
 class _Splitter:
@@ -214,10 +232,16 @@ class _Splitter:
         call = node.sql("postgres")
         if call in self._by_call:
             return self._by_call[call]
-        rule = rule_for(node)
-        argument = None if rule.takes_star else node.this
-        if argument is not None and any(True for _ in argument.find_all(exp.AggFunc)):
+        parsed = parse_aggregate(node)
+        rule, argument, condition = parsed.rule, parsed.argument, parsed.condition
+        if argument is not None and contains_aggregate(argument):
             raise UnsupportedSQL(f"{call!r}: aggregates cannot be nested")
+        if condition is not None:
+            if contains_aggregate(condition) or infer_type(condition, self.schema) != BOOLEAN:
+                raise UnsupportedSQL(
+                    f"{call!r}: FILTER needs a boolean condition on the rows, without aggregates"
+                )
+            condition = to_spark(condition, self.schema)
         arg_type = infer_type(argument, self.schema) if argument is not None else None
         if arg_type is not None and not rule.accepts(arg_type):
             raise UnsupportedSQL(
@@ -228,7 +252,7 @@ class _Splitter:
         states = tuple(
             StateColumn(
                 column=naming.state_column(index, state.name),
-                spark=state.spark_partial(spark_arg, arg_type),
+                spark=filtered(state.spark_partial(spark_arg, arg_type), condition),
                 pg_type=state.pg_type(arg_type),
                 reduce=state.reduce,
                 name=state.name,

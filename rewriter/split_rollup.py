@@ -29,6 +29,7 @@ from rewriter.split_aggregates import (
     SplitQuery,
     StateColumn,
     check_clauses,
+    group_by_keys,
     output_name,
 )
 from rewriter.types import SqlType, sql_type_from_sqlglot
@@ -41,8 +42,13 @@ COMPOSITIONS: dict[tuple[str, str], str] = {
     ("min", "min"): "min",
     ("max", "max"): "max",
     ("avg", "avg"): "avg",
+    ("bool_and", "bool_and"): "bool_and",
+    ("bool_or", "bool_or"): "bool_or",
 }
-COMPOSITIONS_TEXT = "SUM over COUNT, SUM over SUM, MIN over MIN, MAX over MAX, AVG over AVG"
+COMPOSITIONS_TEXT = (
+    "SUM over COUNT, SUM over SUM, MIN over MIN, MAX over MAX, AVG over AVG, "
+    "BOOL_AND over BOOL_AND, BOOL_OR over BOOL_OR"
+)
 
 
 class GatherPoint(Exception):  # noqa: N818 - a classification, not a failure
@@ -143,32 +149,8 @@ class _RollupSplitter:
         return self._on_partials(condition)
 
     def group_keys(self, select: exp.Select) -> list[GroupKey]:
-        group = select.args.get("group")
-        if group is None or not group.expressions:
-            raise UnsupportedSQL("a derived stream is a grouped aggregate: GROUP BY the window")
-        items = select.expressions
-        aliases = {i.alias: i.this for i in items if isinstance(i, exp.Alias)}
-        has_window = False
-        for raw in group.expressions:
-            expression = raw
-            if isinstance(raw, exp.Literal) and not raw.is_string:
-                chosen = items[int(raw.this) - 1]
-                expression = chosen.this if isinstance(chosen, exp.Alias) else chosen
-            elif (
-                isinstance(raw, exp.Column) and raw.name not in self.outputs and raw.name in aliases
-            ):
-                expression = aliases[raw.name]
-            if isinstance(expression, exp.Column) and expression.name in (
-                naming.WINDOW_START_COLUMN,
-                naming.WINDOW_END_COLUMN,
-            ):
-                has_window = True
-                continue
-            if any(True for _ in expression.find_all(exp.AggFunc)):
-                raise UnsupportedSQL("aggregates cannot be keys")
+        for expression in group_by_keys(select, self.outputs):
             self._only_keys(expression, f"GROUP BY {expression.sql('postgres')}")
-            if any(k.expression == expression for k in self.keys):
-                continue
             self.keys.append(
                 GroupKey(
                     column=naming.key_column(len(self.keys)),
@@ -177,8 +159,6 @@ class _RollupSplitter:
                     type=infer_type(expression, self.key_schema),
                 )
             )
-        if not has_window:
-            raise UnsupportedSQL("GROUP BY must include the window: window_start or window_end")
         return self.keys
 
     def final_form(self, node: exp.Expr) -> exp.Expr:

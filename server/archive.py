@@ -52,6 +52,11 @@ def copy_out(cursor: psycopg.Cursor, table: str, schema: pa.Schema) -> pa.Table:
         buffer,
         read_options=pa_csv.ReadOptions(column_names=schema.names),
         convert_options=pa_csv.ConvertOptions(
-            column_types=schema, strings_can_be_null=True, quoted_strings_can_be_null=False
+            column_types=schema,
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+            # PostgreSQL's CSV spells booleans t and f.
+            true_values=["t"],
+            false_values=["f"],
         ),
     )

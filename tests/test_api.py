@@ -71,7 +71,11 @@ def test_ddl_errors(strata: Strata) -> None:
     assert invalid.status_code == 400 and "error" in invalid.json()
     unsupported = strata.client.post(
         "/streams",
-        json={"sql": COUNT.replace("count(*)", "stddev(price)").replace("impsn_count", "s")},
+        json={
+            "sql": COUNT.replace("count(*)", "string_agg(campaign, ',')").replace(
+                "impsn_count", "s"
+            )
+        },
     )
     assert unsupported.status_code == 400
     assert "supported aggregates" in unsupported.json()["error"]
