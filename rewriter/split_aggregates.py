@@ -17,6 +17,7 @@ from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import DerivedStreamPlan
+from rewriter.positions import located
 from rewriter.registry import contains_aggregate, filtered, is_aggregate, parse_aggregate
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.types import SqlType
@@ -96,19 +97,30 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
             )
         seen.add(name)
         expression = item.this if isinstance(item, exp.Alias) else item
-        outputs.append((name, split.final_form(expression)))
+        with located(item):
+            outputs.append((name, split.final_form(expression)))
     having = select.args.get("having")
     where = select.args.get("where")
-    if where is not None and any(is_aggregate(n) for n in where.this.find_all(exp.AggFunc)):
-        raise UnsupportedSQL("aggregates are not allowed in WHERE; use HAVING")
-    if where is not None and infer_type(where.this, schema) != BOOLEAN:
-        raise UnsupportedSQL(f"WHERE needs a boolean condition: {where.this.sql('postgres')!r}")
+    where_spark = None
+    if where is not None:
+        with located(where):
+            if contains_aggregate(where.this):
+                raise UnsupportedSQL("aggregates are not allowed in WHERE; use HAVING")
+            if infer_type(where.this, schema) != BOOLEAN:
+                raise UnsupportedSQL(
+                    f"WHERE needs a boolean condition: {where.this.sql('postgres')!r}"
+                )
+            where_spark = to_spark(where.this, schema)
+    final_having = None
+    if having is not None:
+        with located(having):
+            final_having = split.final_form(having.this)
     return SplitQuery(
         keys=tuple(keys),
         aggregates=tuple(split.aggregates),
-        where_spark=to_spark(where.this, schema) if where is not None else None,
+        where_spark=where_spark,
         outputs=tuple(outputs),
-        having=split.final_form(having.this) if having is not None else None,
+        having=final_having,
     )
 
 
@@ -183,15 +195,19 @@ def group_by_keys(select: exp.Select, columns: Collection[str]) -> list[exp.Expr
 
 
 def _group_keys(select: exp.Select, schema: dict[str, SqlType]) -> list[GroupKey]:
-    return [
-        GroupKey(
-            column=naming.key_column(index),
-            expression=expression.copy(),
-            spark=to_spark(expression, schema),
-            type=infer_type(expression, schema),
-        )
-        for index, expression in enumerate(group_by_keys(select, schema))
-    ]
+    keys = []
+    with located(select.args.get("group")):
+        for index, expression in enumerate(group_by_keys(select, schema)):
+            with located(expression):
+                keys.append(
+                    GroupKey(
+                        column=naming.key_column(index),
+                        expression=expression.copy(),
+                        spark=to_spark(expression, schema),
+                        type=infer_type(expression, schema),
+                    )
+                )
+    return keys
 
 
 class _Splitter:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter import DerivedStreamPlan, RawStreamPlan, StreamPlan, rewrite
 from rewriter.errors import StrataError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -21,7 +21,7 @@ IMPSNS = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), "
     "t timestamptz) WITH (event_time = 't')"
 )
-SECTIONS = ("partial_query", "view_query", "reduce_query", "create_statements")
+SECTIONS = ("parallelism", "partial_query", "view_query", "reduce_query", "create_statements")
 
 
 def sources() -> dict[str, RawStreamPlan]:
@@ -37,6 +37,7 @@ def _sections(text: str) -> dict[str, str]:
 
 def _render(plan: DerivedStreamPlan) -> dict[str, str]:
     return {
+        "parallelism": f"{plan.parallelism}: {plan.parallelism_reason}",
         "partial_query": plan.partial_query + ";",
         "view_query": plan.view_query + ";",
         "reduce_query": plan.reduce_query + ";",
@@ -47,11 +48,17 @@ def _render(plan: DerivedStreamPlan) -> dict[str, str]:
 @pytest.mark.parametrize("path", sorted((FIXTURES / "rewrite").glob("*.sql")), ids=lambda p: p.stem)
 def test_golden_rewrite(path: Path) -> None:
     sections = _sections(path.read_text())
-    plan = rewrite(sections["input"], sources())
+    streams: dict[str, StreamPlan] = dict(sources())
+    # Optional: the streams the input is built on, one CREATE STREAM per line.
+    for statement in sections.get("sources", "").splitlines():
+        made = rewrite(statement, streams)
+        streams[made.name] = made
+    plan = rewrite(sections["input"], streams)
     assert isinstance(plan, DerivedStreamPlan)
     rendered = _render(plan)
     if os.environ.get("STRATA_UPDATE_GOLDENS"):
-        text = f"-- input\n{sections['input']}\n"
+        text = f"-- sources\n{sections['sources']}\n" if "sources" in sections else ""
+        text += f"-- input\n{sections['input']}\n"
         text += "".join(f"-- {name}\n{rendered[name]}\n" for name in SECTIONS)
         path.write_text(text)
     for name in SECTIONS:
