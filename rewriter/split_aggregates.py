@@ -210,6 +210,21 @@ def _group_keys(select: exp.Select, schema: dict[str, SqlType]) -> list[GroupKey
     return keys
 
 
+def key_or_window(node: exp.Expr, keys: list[GroupKey], window: WindowSpec) -> exp.Expr | None:
+    """``node`` over the partial archive if it is a group key or the window, else None."""
+    for key in keys:
+        if node == key.expression:
+            return exp.column(key.column)
+    if isinstance(node, exp.Column) and node.name == naming.WINDOW_START_COLUMN:
+        return exp.column(naming.WINDOW_START_COLUMN)
+    if isinstance(node, exp.Column) and node.name == naming.WINDOW_END_COLUMN:
+        return exp.Add(
+            this=exp.column(naming.WINDOW_START_COLUMN),
+            expression=exp.Interval(this=exp.Literal.string(interval_text(window.size_us))),
+        )
+    return None
+
+
 class _Splitter:
     """Rewrites SELECT/HAVING expressions over the partial archive, collecting aggregates."""
 
@@ -221,19 +236,10 @@ class _Splitter:
         self._by_call: dict[str, SplitAggregate] = {}
 
     def final_form(self, node: exp.Expr) -> exp.Expr:
-        for key in self.keys:
-            if node == key.expression:
-                return exp.column(key.column)
+        grouped = key_or_window(node, self.keys, self.window)
+        if grouped is not None:
+            return grouped
         if isinstance(node, exp.Column):
-            if node.name == naming.WINDOW_START_COLUMN:
-                return exp.column(naming.WINDOW_START_COLUMN)
-            if node.name == naming.WINDOW_END_COLUMN:
-                return exp.Add(
-                    this=exp.column(naming.WINDOW_START_COLUMN),
-                    expression=exp.Interval(
-                        this=exp.Literal.string(interval_text(self.window.size_us))
-                    ),
-                )
             raise UnsupportedSQL(
                 f"column {node.name!r} must appear in GROUP BY or be used in an aggregate function"
             )

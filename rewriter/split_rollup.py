@@ -22,7 +22,7 @@ from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import DerivedStreamPlan, OutputColumn, PlannedAggregate
 from rewriter.registry import REGISTRY, is_aggregate, rule_for
-from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.resolve_window import WindowSpec
 from rewriter.split_aggregates import (
     GroupKey,
     SplitAggregate,
@@ -30,6 +30,7 @@ from rewriter.split_aggregates import (
     StateColumn,
     check_clauses,
     group_by_keys,
+    key_or_window,
     output_name,
 )
 from rewriter.types import SqlType, sql_type_from_sqlglot
@@ -162,19 +163,10 @@ class _RollupSplitter:
         return self.keys
 
     def final_form(self, node: exp.Expr) -> exp.Expr:
-        for key in self.keys:
-            if node == key.expression:
-                return exp.column(key.column)
+        grouped = key_or_window(node, self.keys, self.window)
+        if grouped is not None:
+            return grouped
         if isinstance(node, exp.Column):
-            if node.name == naming.WINDOW_START_COLUMN:
-                return exp.column(naming.WINDOW_START_COLUMN)
-            if node.name == naming.WINDOW_END_COLUMN:
-                return exp.Add(
-                    this=exp.column(naming.WINDOW_START_COLUMN),
-                    expression=exp.Interval(
-                        this=exp.Literal.string(interval_text(self.window.size_us))
-                    ),
-                )
             if node.name in self.outputs:
                 raise GatherPoint(
                     f"{node.name!r} of {self.lower.name!r} is used outside an aggregate and "
