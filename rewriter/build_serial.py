@@ -95,6 +95,7 @@ def build_serial(
         create_statements=(create_view(name, named),),
         drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
         reduce_query="",
+        reduce_statement="",
         view_query=named.sql("postgres"),
         outputs=tuple(outputs),
         aggregates=(),

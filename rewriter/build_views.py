@@ -112,6 +112,60 @@ def reduce_query(name: str, split: SplitQuery) -> str:
     return query.sql("postgres")
 
 
+def reduce_statement(name: str, split: SplitQuery) -> str:
+    """The reducer's statement: fold the partial rows of (window, group)s holding more than
+    %(min_rows)s rows into one row each, still in partial form, at most %(max_groups)s
+    groups at a time.
+
+    One statement, so one transaction: a view sees the rows before or after, never half
+    (the reduce aggregate over the folded rows merges to the same final value). Rows that
+    commit while it runs are not in its snapshot and stay as they are. The folded row
+    belongs to no run (REDUCED_RUN).
+    """
+    archive = table(naming.partial_archive_table(name))
+    groups = [naming.WINDOW_START_COLUMN, *(k.column for k in split.keys)]
+    targets = (
+        exp.select(*(exp.column(c) for c in groups))
+        .from_(archive.copy())
+        .group_by(*(exp.column(c) for c in groups))
+        .having(
+            exp.GT(this=exp.Count(this=exp.Star()), expression=exp.Placeholder(this="min_rows"))
+        )
+        .limit(exp.Placeholder(this="max_groups"))
+    )
+    matches = [
+        exp.EQ(this=exp.column(c, table="p"), expression=exp.column(c, table="targets"))
+        if c == naming.WINDOW_START_COLUMN
+        # NULL keys are a group of their own.
+        else exp.NullSafeEQ(
+            this=exp.column(c, table="p"), expression=exp.column(c, table="targets")
+        )
+        for c in groups
+    ]
+    gone = exp.Delete(
+        this=exp.alias_(archive.copy(), "p", table=True),
+        using=[exp.table_("targets")],
+        where=exp.Where(this=exp.and_(*matches)),
+        returning=exp.Returning(
+            expressions=[exp.Column(this=exp.Star(), table=exp.to_identifier("p"))]
+        ),
+    )
+    states = [s for a in split.aggregates for s in a.states]
+    folded = (
+        exp.select(
+            exp.Literal.number(naming.REDUCED_RUN),
+            *(exp.column(c) for c in groups),
+            *(exp.func(s.reduce, exp.column(s.column)) for s in states),
+        )
+        .from_("gone")
+        .group_by(*(exp.column(c) for c in groups))
+    )
+    columns = [naming.RUN_COLUMN, *groups, *(s.column for s in states)]
+    statement = exp.insert(folded, archive.copy(), columns=columns)
+    statement = statement.with_("targets", as_=targets).with_("gone", as_=gone)
+    return statement.sql("postgres")
+
+
 def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStreamPlan:
     archive = table(naming.partial_archive_table(name))
     partial_columns = _partial_columns(split)
@@ -176,6 +230,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
             drop("TABLE", archive),
         ),
         reduce_query=reduce_query(name, split),
+        reduce_statement=reduce_statement(name, split),
         view_query=view.sql("postgres"),
         outputs=tuple(_output(n, e, split) for n, e in split.outputs),
         aggregates=tuple(

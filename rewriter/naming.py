@@ -16,6 +16,8 @@ CATALOG_SCHEMA = "strata_catalog"
 
 # Column holding the run (or reduced set) a partial row or raw row came from.
 RUN_COLUMN = "strata_run"
+# The run number of partial rows the reducer folded together (runs start at 1).
+REDUCED_RUN = 0
 WINDOW_START_COLUMN = "window_start"
 WINDOW_END_COLUMN = "window_end"
 

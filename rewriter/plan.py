@@ -76,6 +76,8 @@ class DerivedStreamPlan:
     create_statements: tuple[str, ...]  # PostgreSQL: partial archive table, view
     drop_statements: tuple[str, ...]
     reduce_query: str  # PostgreSQL: partial rows -> one partial row per pane and group
+    # PostgreSQL DML of the reducer (parameters min_rows, max_groups); empty for SP streams.
+    reduce_statement: str
     view_query: str  # PostgreSQL: the view's SELECT (final aggregates on read)
     outputs: tuple[OutputColumn, ...]
     aggregates: tuple[PlannedAggregate, ...]

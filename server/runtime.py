@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
+from server.reducer import Reducer
 from server.service import StrataService
 from server.settings import Settings
 from server.spark import create_spark_session, stop_spark_session
@@ -54,6 +55,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
     engine = create_catalog_engine(database_url)
     spark = None
     service = None
+    reducer = None
     try:
         migrate(engine)
         log.info("starting Spark (%s)", settings.spark_master or "local")
@@ -65,10 +67,19 @@ def running(settings: Settings) -> Iterator[Runtime]:
         service = StrataService(engine, SparkBackend(spark), Spool(settings.spool_dir))
         service.batch_max_rows = settings.batch_max_rows
         service.start()
+        reducer = Reducer(
+            engine,
+            service.plans,
+            min_rows=settings.reduce_min_rows,
+            interval=settings.reduce_interval,
+        )
+        reducer.start()
         runtime = Runtime(settings, database_url, engine, service)
         (settings.data_dir / INFO_FILE).write_text(json.dumps(runtime.info(), indent=2))
         yield runtime
     finally:
+        if reducer is not None:
+            reducer.stop()
         if service is not None:
             service.stop()
         if spark is not None:

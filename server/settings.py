@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     max_run_bytes: int = Field(
         256 * 1024 * 1024, description="Largest run body accepted, in bytes (larger: 413)."
     )
+    reduce_min_rows: int = Field(
+        4,
+        description="The reducer folds a window's partial rows for a group once there are "
+        "more than this many.",
+    )
+    reduce_interval: float = Field(
+        5.0, description="Seconds between reducer passes over the partial archives."
+    )
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
     )

@@ -21,7 +21,14 @@ IMPSNS = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), "
     "t timestamptz) WITH (event_time = 't')"
 )
-SECTIONS = ("parallelism", "partial_query", "view_query", "reduce_query", "create_statements")
+SECTIONS = (
+    "parallelism",
+    "partial_query",
+    "view_query",
+    "reduce_query",
+    "reduce_statement",
+    "create_statements",
+)
 
 
 def sources() -> dict[str, RawStreamPlan]:
@@ -41,6 +48,7 @@ def _render(plan: DerivedStreamPlan) -> dict[str, str]:
         "partial_query": plan.partial_query + ";",
         "view_query": plan.view_query + ";",
         "reduce_query": plan.reduce_query + ";",
+        "reduce_statement": plan.reduce_statement + ";",
         "create_statements": "\n".join(s + ";" for s in plan.create_statements),
     }
 

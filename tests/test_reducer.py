@@ -1,0 +1,145 @@
+"""The reducer folds partial rows without ever changing what a view says."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import psycopg
+
+from server.reducer import Reducer
+from tests.conftest import Strata
+
+START = datetime(2024, 6, 1, tzinfo=UTC)
+STREAMS = {
+    "per_minute": (
+        "SELECT campaign, count(*) AS n, sum(price) AS s, avg(price) AS a, min(price) AS lo, "
+        "max(price) AS hi, count(DISTINCT user_id) AS users, var_samp(price) AS v, "
+        "window_end AS t FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY campaign, window_end",
+        "SELECT campaign, count(*), sum(price), avg(price), min(price), max(price), "
+        "count(DISTINCT user_id), var_samp(price), {w60} + interval '1 minute' "
+        "FROM ev GROUP BY campaign, {w60}",
+    ),
+    "sliding": (
+        "SELECT count(*) AS n, window_start FROM HOP(ev, t, INTERVAL '1 minute', "
+        "INTERVAL '3 minutes') GROUP BY window_start",
+        "SELECT count(*), w FROM ev CROSS JOIN LATERAL generate_series({w60} - "
+        "interval '2 minutes', {w60}, interval '1 minute') AS w GROUP BY w",
+    ),
+    "per_five": (
+        "SELECT campaign, sum(n) AS n, window_end AS t FROM TUMBLE(per_minute, t, "
+        "INTERVAL '5 minutes') GROUP BY campaign, window_end",
+        "SELECT campaign, count(*)::numeric, {w300} + interval '5 minutes' FROM ev "
+        "GROUP BY campaign, {w300}",
+    ),
+}
+
+
+def _window(seconds: int) -> str:
+    return f"to_timestamp(floor(extract(epoch FROM t) / {seconds}) * {seconds})"
+
+
+def _oracle(name: str) -> str:
+    return STREAMS[name][1].format(w60=_window(60), w300=_window(300))
+
+
+def _run(rng: random.Random, rows: int) -> str:
+    lines = []
+    for _ in range(rows):
+        at = START + timedelta(seconds=rng.randrange(0, 900), microseconds=rng.randrange(10**6))
+        lines.append(
+            json.dumps(
+                {
+                    "campaign": rng.choice(["a", "b", "c"]),
+                    "user_id": rng.randrange(20),
+                    "price": str(Decimal(rng.randrange(1, 10000)) / 100),
+                    "t": at.isoformat(),
+                }
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _setup(strata: Strata) -> None:
+    strata.create(
+        "CREATE STREAM ev (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
+        "WITH (event_time = 't')"
+    )
+    for name, (query, _oracle_sql) in STREAMS.items():
+        strata.create(f"CREATE STREAM {name} AS {query}")
+
+
+def _consistent(connection: psycopg.Connection) -> list[str]:
+    """Names of views that differ from their oracle, both read in one snapshot."""
+    wrong = []
+    with connection.transaction():
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for name in STREAMS:
+            view = connection.execute(f"SELECT * FROM {name}").fetchall()
+            oracle = connection.execute(_oracle(name)).fetchall()
+            if sorted(map(repr, view)) != sorted(map(repr, oracle)):
+                wrong.append(name)
+    return wrong
+
+
+def _partial_rows(strata: Strata, name: str) -> tuple[int, int]:
+    return strata.query(
+        "SELECT count(*), count(DISTINCT (window_start, key_0)) "
+        f"FROM strata_internal.{name}__partial"
+    )[0]
+
+
+def test_reduction_converges_to_one_row_per_window_and_group(strata: Strata) -> None:
+    _setup(strata)
+    rng = random.Random(1)
+    for _ in range(8):
+        strata.ingest("ev", _run(rng, 60))
+    rows, groups = _partial_rows(strata, "per_minute")
+    assert rows > groups  # several runs touched the same windows
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        assert _consistent(connection) == []
+        reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=7)
+        folded = reducer.run_once()
+        assert folded["per_minute"] > 0 and folded["sliding"] > 0 and folded["per_five"] > 0
+        assert _partial_rows(strata, "per_minute") == (groups, groups)
+        assert _consistent(connection) == []
+        # Late data after reduction still merges with the folded rows.
+        strata.ingest("ev", _run(rng, 40))
+        assert _consistent(connection) == []
+        assert reducer.run_once()["per_minute"] > 0
+        assert _consistent(connection) == []
+
+
+def test_views_never_change_while_the_reducer_runs(strata: Strata) -> None:
+    _setup(strata)
+    rng = random.Random(2)
+    reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=3)
+    stop = threading.Event()
+    reads: list[list[str]] = []
+    folds: list[dict[str, int]] = []
+
+    def read() -> None:
+        with psycopg.connect(strata.database_url, autocommit=True) as connection:
+            while not stop.is_set():
+                reads.append(_consistent(connection))
+
+    def reduce() -> None:
+        while not stop.is_set():
+            folds.append(reducer.run_once())
+
+    workers = [threading.Thread(target=read), threading.Thread(target=reduce)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(10):
+            strata.ingest("ev", _run(rng, 50))
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert len(reads) > 10, "the reader must have looked many times"
+    assert sum(f.get("per_minute", 0) for f in folds) > 0, "the reducer must have folded"
+    assert [r for r in reads if r] == []
