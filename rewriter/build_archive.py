@@ -67,4 +67,5 @@ def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
             drop("VIEW", table(statement.name, naming.PUBLIC_SCHEMA)),
             drop("TABLE", archive),
         ),
+        delay_us=statement.delay_us,
     )

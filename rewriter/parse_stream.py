@@ -15,9 +15,10 @@ from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, UnsupportedSQL
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
+from rewriter.resolve_window import parse_interval
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
-RAW_OPTIONS = ("event_time",)
+RAW_OPTIONS = ("event_time", "delay")
 EXAMPLE = (
     "CREATE STREAM impsns (campaign text, price numeric(12,4), t timestamptz) "
     "WITH (event_time = 't')  or  CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, "
@@ -30,6 +31,7 @@ class RawStreamStatement:
     name: str
     columns: tuple[ColumnSpec, ...]
     event_time: str
+    delay_us: int = 0  # WITH (delay = '30 seconds'): how far the watermark trails event time
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,14 @@ def _raw(statement: exp.Create) -> RawStreamStatement:
             f"the event-time column {event_time!r} must be timestamptz, not {spec.type.pg()}",
             position=where,
         )
-    return RawStreamStatement(name, tuple(columns), event_time)
+    delay_us = 0
+    delay = _options(statement).get("delay")
+    if delay is not None:
+        with located(delay):
+            delay_us = parse_interval(
+                exp.Interval(this=exp.Literal.string(delay.args["value"].name))
+            )
+    return RawStreamStatement(name, tuple(columns), event_time, delay_us)
 
 
 def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> DerivedStreamStatement:

@@ -16,6 +16,9 @@ class RawStreamPlan:
     event_time: str
     create_statements: tuple[str, ...]  # PostgreSQL: raw archive table, then the view
     drop_statements: tuple[str, ...]
+    # The watermark trails the latest event time by this much; rows behind it are "late"
+    # (counted, never dropped).
+    delay_us: int = 0
     kind: str = field(default="raw", init=False)
 
     def column(self, name: str) -> ColumnSpec | None:

@@ -61,6 +61,28 @@ runs = sa.Table(
     sa.Column("committed_at", sa.DateTime(timezone=True)),
 )
 
+stream_progress = sa.Table(
+    "stream_progress",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("watermark", sa.DateTime(timezone=True)),
+    sa.Column("rows", sa.BigInteger),
+    sa.Column("runs", sa.BigInteger),
+    sa.Column("late_rows", sa.BigInteger),
+    sa.Column("late_runs", sa.BigInteger),
+    sa.Column("max_lateness", sa.Interval),
+    sa.Column("last_late_at", sa.DateTime(timezone=True)),
+)
+window_lateness = sa.Table(
+    "window_lateness",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("late_rows", sa.BigInteger),
+    sa.Column("late_runs", sa.BigInteger),
+    sa.Column("last_late_at", sa.DateTime(timezone=True)),
+)
+
 
 def sqlalchemy_url(database_url: str) -> str:
     """postgresql://... as psql spells it -> the SQLAlchemy URL for the psycopg 3 driver."""

@@ -34,6 +34,7 @@ from server.archive import copy_in, copy_out, internal_table
 from server.backend import SparkBackend
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.ingest.parse import arrow_schema, parse_run
+from server.progress import record_progress, stream_progress
 from server.spool import Spool
 
 log = logging.getLogger("strata.service")
@@ -196,6 +197,18 @@ class StrataService:
             for statement in record.plan.drop_statements:
                 _execute_plan_sql(connection, statement)
             catalog.delete_stream(connection, name)
+
+    def progress(self, record: StreamRecord) -> dict[str, object]:
+        """Watermark and late data of a stream (its raw sources' watermarks, for a derived
+        stream: a window is closed once every source has passed it)."""
+        plan = record.plan
+        sources = (plan.name,) if isinstance(plan, RawStreamPlan) else plan.raw_sources
+        with self.engine.connect() as connection:
+            shown = stream_progress(connection, plan.name, sources[0])
+            if len(sources) > 1:
+                marks = [stream_progress(connection, s, s)["watermark"] for s in sources]
+                shown["watermark"] = None if None in marks else min(marks)  # type: ignore[type-var]
+        return shown
 
     # ---- runs ------------------------------------------------------------------------
 
@@ -428,7 +441,8 @@ class StrataService:
                 )
             )
             # Under the lock, the dependents are final (see _backfill): recompute if changed.
-            current = catalog.dependents(self.plans.load(connection), stream)
+            records = self.plans.load(connection)
+            current = catalog.dependents(records, stream)
             if [p.name for p in current] != [p.name for p in dependents]:
                 raise _Retry(runs)
             committed = set(
@@ -447,3 +461,7 @@ class StrataService:
             copy_in(cursor, raw_archive_table(stream), batch.data)
             for name, partial in batch.partials.items():
                 copy_in(cursor, partial_archive_table(name), partial)
+            raw = records[stream].plan
+            assert isinstance(raw, RawStreamPlan)
+            windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
+            record_progress(connection, raw, windowed, batch.data, [r.seq for r in runs])

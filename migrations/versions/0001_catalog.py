@@ -32,8 +32,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "stream_columns",
-        sa.Column("stream", sa.Text, sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
-                  primary_key=True),
+        sa.Column(
+            "stream",
+            sa.Text,
+            sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("ordinal", sa.Integer, primary_key=True),
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("type", sa.Text, nullable=False),
@@ -41,18 +45,27 @@ def upgrade() -> None:
     )
     op.create_table(
         "stream_dependencies",
-        sa.Column("stream", sa.Text, sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
-                  primary_key=True),
-        sa.Column("depends_on", sa.Text, sa.ForeignKey(f"{CATALOG}.streams.name"),
-                  primary_key=True),
+        sa.Column(
+            "stream",
+            sa.Text,
+            sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column(
+            "depends_on", sa.Text, sa.ForeignKey(f"{CATALOG}.streams.name"), primary_key=True
+        ),
         schema=CATALOG,
     )
     op.create_table(
         "runs",
         sa.Column("seq", sa.BigInteger, sa.Identity(), primary_key=True),
         sa.Column("run_id", sa.Text, nullable=False, unique=True),
-        sa.Column("stream", sa.Text, sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "stream",
+            sa.Text,
+            sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("rows", sa.BigInteger, nullable=False),
         sa.Column("error", sa.Text),
@@ -62,8 +75,13 @@ def upgrade() -> None:
         sa.CheckConstraint("status IN ('pending', 'committed', 'rejected')", name="runs_status"),
         schema=CATALOG,
     )
-    op.create_index("runs_pending", "runs", ["seq"], schema=CATALOG,
-                    postgresql_where=sa.text("status = 'pending'"))
+    op.create_index(
+        "runs_pending",
+        "runs",
+        ["seq"],
+        schema=CATALOG,
+        postgresql_where=sa.text("status = 'pending'"),
+    )
     op.execute((SQL_DIR / "001_functions.sql").read_text())
 
 

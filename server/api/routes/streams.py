@@ -37,7 +37,8 @@ async def list_streams(service: ServiceDep) -> list[dict[str, object]]:
 @router.get("/streams/{name}", summary="Describe a stream and its rewrite")
 async def get_stream(name: str, service: ServiceDep) -> dict[str, object]:
     record = await run_in_threadpool(service.stream, name)
-    return describe(record, await run_in_threadpool(service.streams))
+    described = describe(record, await run_in_threadpool(service.streams))
+    return described | {"progress": await run_in_threadpool(service.progress, record)}
 
 
 @router.delete("/streams/{name}", summary="Drop a stream (409 while others depend on it)")

@@ -1,0 +1,160 @@
+"""Progress indicators: a watermark per raw stream and the late data behind it.
+
+The watermark of a raw stream is the latest event time committed, minus the stream's
+``delay``. A row whose event time is behind the watermark when its run commits is *late*:
+it is archived and counted like any other row (nothing is ever dropped), and it is also
+counted here, per raw stream and per window of every parallel stream fed by it, so that
+users see how late their data is. Recorded in the run's own commit transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from rewriter.naming import RUN_COLUMN
+from rewriter.plan import DerivedStreamPlan, RawStreamPlan
+from server import catalog
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _micros(moment: datetime | None) -> int | None:
+    return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def _moment(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def record_progress(
+    connection: sa.Connection,
+    raw: RawStreamPlan,
+    dependents: list[DerivedStreamPlan],
+    data: pa.Table,
+    seqs: list[int],
+) -> None:
+    """Advance ``raw``'s watermark over the committed runs ``seqs`` (in order) and count the
+    rows that came behind it."""
+    progress = catalog.stream_progress
+    connection.execute(postgresql.insert(progress).values(stream=raw.name).on_conflict_do_nothing())
+    state = connection.execute(
+        sa.select(progress.c.watermark, progress.c.max_lateness)
+        .where(progress.c.stream == raw.name)
+        .with_for_update()
+    ).one()
+    watermark = _micros(state.watermark)
+    max_lateness = state.max_lateness
+    times = data[raw.event_time].cast(pa.int64()).to_numpy()
+    runs = data[RUN_COLUMN].to_numpy()
+    late_rows = late_runs = 0
+    windows: Counter[tuple[str, int]] = Counter()
+    window_runs: Counter[tuple[str, int]] = Counter()
+    for seq in sorted(seqs):
+        run_times = times[runs == seq]
+        if run_times.size == 0:
+            continue
+        if watermark is not None:
+            late = run_times[run_times < watermark]
+            if late.size:
+                late_runs += 1
+                late_rows += int(late.size)
+                behind = timedelta(microseconds=int(watermark - late.min()))
+                max_lateness = behind if max_lateness is None else max(max_lateness, behind)
+                for plan in dependents:
+                    starts, counts = np.unique(
+                        late - np.mod(late, plan.pane_us), return_counts=True
+                    )
+                    for start, count in zip(starts.tolist(), counts.tolist(), strict=True):
+                        windows[(plan.name, start)] += count
+                        window_runs[(plan.name, start)] += 1
+        newest = int(run_times.max()) - raw.delay_us
+        watermark = newest if watermark is None else max(watermark, newest)
+    connection.execute(
+        sa.update(progress)
+        .where(progress.c.stream == raw.name)
+        .values(
+            watermark=_moment(watermark) if watermark is not None else None,
+            rows=progress.c.rows + int(times.size),
+            runs=progress.c.runs + len(seqs),
+            late_rows=progress.c.late_rows + late_rows,
+            late_runs=progress.c.late_runs + late_runs,
+            max_lateness=max_lateness,
+            last_late_at=sa.func.now() if late_rows else progress.c.last_late_at,
+        )
+    )
+    if windows:
+        lateness = catalog.window_lateness
+        upsert = postgresql.insert(lateness).values(
+            [
+                {
+                    "stream": stream,
+                    "window_start": _moment(start),
+                    "late_rows": count,
+                    "late_runs": window_runs[(stream, start)],
+                    "last_late_at": sa.func.now(),
+                }
+                for (stream, start), count in windows.items()
+            ]
+        )
+        connection.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[lateness.c.stream, lateness.c.window_start],
+                set_={
+                    "late_rows": lateness.c.late_rows + upsert.excluded.late_rows,
+                    "late_runs": lateness.c.late_runs + upsert.excluded.late_runs,
+                    "last_late_at": sa.func.now(),
+                },
+            )
+        )
+
+
+def stream_progress(connection: sa.Connection, name: str, raw_source: str) -> dict[str, object]:
+    """What GET /streams/{name} shows about event-time progress and late data."""
+    progress = catalog.stream_progress
+    state = connection.execute(sa.select(progress).where(progress.c.stream == raw_source)).first()
+    shown: dict[str, object] = {
+        "watermark": state.watermark.isoformat() if state and state.watermark else None,
+    }
+    if name == raw_source:
+        return shown | {
+            "rows": state.rows if state else 0,
+            "runs": state.runs if state else 0,
+            "late_rows": state.late_rows if state else 0,
+            "late_runs": state.late_runs if state else 0,
+            "max_lateness_seconds": (
+                state.max_lateness.total_seconds() if state and state.max_lateness else None
+            ),
+            "last_late_at": (
+                state.last_late_at.isoformat() if state and state.last_late_at else None
+            ),
+        }
+    lateness = catalog.window_lateness
+    totals = connection.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(lateness.c.late_rows), 0), sa.func.count()).where(
+            lateness.c.stream == name
+        )
+    ).one()
+    latest = connection.execute(
+        sa.select(lateness.c.window_start, lateness.c.late_rows, lateness.c.late_runs)
+        .where(lateness.c.stream == name)
+        .order_by(lateness.c.last_late_at.desc(), lateness.c.window_start.desc())
+        .limit(10)
+    ).all()
+    return shown | {
+        "late_rows": int(totals[0]),
+        "late_windows": int(totals[1]),
+        "latest_late_windows": [
+            {
+                "window_start": r.window_start.isoformat(),
+                "late_rows": r.late_rows,
+                "late_runs": r.late_runs,
+            }
+            for r in latest
+        ],
+    }
