@@ -63,6 +63,7 @@ from typing import Any
 
 import psycopg
 import sqlglot
+from sqlglot import exp
 
 from rewriter import rewrite
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
@@ -172,16 +173,13 @@ def partial_rows(
     bases = [2_000 + (g % 97) * 500 for g in range(groups)]  # 0.20 .. 5.00 per event
 
     def line(run: int, window: int, group: int) -> str:
-        values = {"strata_run": run, "window_start": starts[window], key: campaigns[group]}
         drawn = _states(rng, bases[group])
-        values.update({column: drawn[name] for column, name in states.items()})
         shape.rows += 1
         shape.events += drawn["count"]
-        text = [
-            _decimal(v) if states.get(c) in ("sum", "max") else str(v)
-            for c, v in ((c, values[c]) for c in columns)
-        ]
-        return "\t".join(text) + "\n"
+        text = {"strata_run": str(run), "window_start": starts[window], key: campaigns[group]}
+        for column, name in states.items():
+            text[column] = str(drawn[name]) if name == "count" else _decimal(drawn[name])
+        return "\t".join(text[c] for c in columns) + "\n"
 
     for window in range(WINDOWS):
         on_time = on_time_runs(window, runs)
@@ -275,6 +273,7 @@ def window_start_rel(plan: DerivedStreamPlan, query: Query) -> str:
     assert query.range is not None
     shift = -timedelta(microseconds=plan.window_size_us)
     select = sqlglot.parse_one(plan.view_query, read="postgres")
+    assert isinstance(select, exp.Select)
     select = select.where(query.range.on("window_start", shift), dialect="postgres")
     return f"({select.sql('postgres')}) AS v"
 
@@ -304,27 +303,67 @@ def measure(conn: psycopg.Connection, sql: str, repeat: int) -> Measurement:
     return Measurement(result, seconds)
 
 
-def archive_scans(conn: psycopg.Connection, sql: str, archive: str) -> list[str]:
-    """How EXPLAIN says ``sql`` reads the partial archive: one line per scan node."""
+@dataclass
+class Explained:
+    outline: str  # the plan's nodes, outermost first
+    scans: list[str]  # how the table of interest is read, with conditions and filters
+    window_start_cond: bool  # an index condition on window_start
+
+
+AGGREGATE_STRATEGIES = {"Sorted": "GroupAggregate", "Hashed": "HashAggregate"}
+
+
+def explain(conn: psycopg.Connection, sql: str, table: str) -> Explained:
+    """What EXPLAIN (no ANALYZE) says of ``sql``, and of how it reads ``table``."""
     row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[arg-type]
     assert row is not None
-    found: list[str] = []
+    nodes: list[str] = []
+    scans: list[str] = []
+    conditions: list[str] = []
 
     def walk(node: dict[str, Any]) -> None:
-        # Bitmap index scans name their index only, which is named after the archive.
-        if node.get("Relation Name") == archive or node.get("Index Name", "").startswith(archive):
-            text = node["Node Type"]
-            if "Index Name" in node:
-                text += f" using {node['Index Name']}"
-            for detail in ("Index Cond", "Filter"):
-                if detail in node:
-                    text += f"; {detail}: {node[detail]}"
-            found.append(text)
+        name = node["Node Type"]
+        if name == "Aggregate":  # as EXPLAIN's text format names them
+            name = AGGREGATE_STRATEGIES.get(node.get("Strategy", ""), name)
+            if node.get("Partial Mode", "Simple") != "Simple":
+                name = f"{node['Partial Mode']} {name}"
+        if node.get("Parallel Aware"):
+            name = f"Parallel {name}"
+        if "Index Name" in node:
+            name += f" ({node['Index Name']})"
+        nodes.append(name)
+        # Bitmap index scans name their index only, which is named after the table.
+        if node.get("Relation Name") == table or node.get("Index Name", "").startswith(table):
+            details = [f"{d}: {node[d]}" for d in ("Index Cond", "Filter") if d in node]
+            scans.append("; ".join([name, *details]))
+            conditions.append(node.get("Index Cond", ""))
         for child in node.get("Plans", []):
             walk(child)
 
     walk(row[0][0]["Plan"])
-    return found
+    return Explained(" > ".join(nodes), scans, any("window_start" in c for c in conditions))
+
+
+@dataclass
+class Phase:
+    """The timed queries against one relation, in one state."""
+
+    times: dict[str, Measurement]
+    plans: dict[str, Explained]
+
+
+def run_phase(conn: psycopg.Connection, queries: dict[str, str], table: str, repeat: int) -> Phase:
+    return Phase(
+        {key: measure(conn, sql, repeat) for key, sql in queries.items()},
+        {key: explain(conn, sql, table) for key, sql in queries.items()},
+    )
+
+
+def view_queries(plan: DerivedStreamPlan) -> dict[str, str]:
+    """Q1..Q3 over the view, and the what-if variants Q2w, Q3w (range on window_start)."""
+    queries = {q.key: q.sql(VIEW) for q in QUERIES}
+    queries |= {f"{q.key}w": q.sql(window_start_rel(plan, q)) for q in QUERIES if q.range}
+    return queries
 
 
 # ---- the run ---------------------------------------------------------------------------
@@ -370,33 +409,38 @@ def drop_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
         conn.execute(statement)  # type: ignore[arg-type]
 
 
-def describe_shape(shape: Shape, groups: int, runs: int) -> list[str]:
-    per_pair = ", ".join(
-        f"{n} row{'s' if n > 1 else ''}: {count:,} ({count / shape.pairs:.1%})"
-        for n, count in sorted(shape.rows_per_pair.items())
+def verify(
+    conn: psycopg.Connection,
+    plan: DerivedStreamPlan,
+    shape: Shape,
+    before: Phase,
+    after: Phase,
+    plain: Phase,
+) -> list[str]:
+    """What is wrong (empty when all is right); run after the reduction."""
+    problems: list[str] = []
+    for key, reference in plain.times.items():
+        for label, phase in (("before", before), ("after", after)):
+            # repr: identical values, numeric scales included
+            if repr(phase.times[key].result) != repr(reference.result):
+                problems.append(f"{key}: the view {label} reduction differs from {PLAIN}")
+    differ = scalar(
+        conn,
+        f"SELECT count(*) FROM ((TABLE {VIEW} EXCEPT ALL TABLE {PLAIN}) "
+        f"UNION ALL (TABLE {PLAIN} EXCEPT ALL TABLE {VIEW})) d",
     )
-    return [
-        f"{WINDOWS} windows x {groups:,} groups = {shape.pairs:,} (window, group)s, "
-        f"{shape.events:,} events, {runs} runs",
-        f"partial rows before reduction: {shape.rows:,} "
-        f"({shape.rows / shape.pairs:.3f} per (window, group))",
-        f"  on time: {shape.rows - shape.late_rows:,} (one per (window, group) from the run "
-        f"covering its minute; {shape.straddling_pairs:,} (window, group)s straddle a run "
-        "boundary and have two)",
-        f"  late: {shape.late_rows:,} rows for {shape.late_pairs:,} (window, group)s "
-        f"({shape.late_pairs / shape.pairs:.1%}), 1..{MAX_LATE_ROWS} each from distinct later "
-        f"runs, carrying {shape.late_events / shape.events:.1%} of the events",
-        f"rows per (window, group): {per_pair}",
-    ]
-
-
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 2) if b else float("nan")
+    if differ:
+        problems.append(f"after reduction, {VIEW} and {PLAIN} differ in {differ} rows")
+    rows = scalar(conn, f"SELECT count(*) FROM {archive_name(plan)}")
+    if rows != shape.pairs:
+        problems.append(f"{rows:,} partial rows after reduction, expected {shape.pairs:,}")
+    return problems
 
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_stream()
-    archive = partial_archive_table(plan.name)
+    archive = archive_name(plan)
+    table = partial_archive_table(plan.name)  # as EXPLAIN names it
     external = os.environ.get("STRATA_DATABASE_URL")
     data_dir: Path | None = None
     server: EmbeddedPostgres | None = None
@@ -416,89 +460,52 @@ def run(args: argparse.Namespace) -> int:
         check_absent(conn, plan)
         for statement in plan.create_statements:
             conn.execute(statement)  # type: ignore[arg-type]  # may contain '%': no params
+        steps: dict[str, float] = {}
 
-        shape, load_s = timed(lambda: load_archive(conn, plan, args))
-        conn.execute(f"VACUUM ANALYZE {archive_name(plan)}")
-        _, plain_s = timed(
+        shape, steps["load"] = timed(lambda: load_archive(conn, plan, args))
+        conn.execute(f"VACUUM ANALYZE {archive}")
+        _, steps["plain"] = timed(
             lambda: (
                 conn.execute(f"CREATE TABLE {PLAIN} AS SELECT * FROM {VIEW}"),
                 conn.execute(f"CREATE INDEX {PLAIN}_window ON {PLAIN} (t, campaign)"),
                 conn.execute(f"VACUUM ANALYZE {PLAIN}"),
             )
         )
-        counted = conn.execute(f"SELECT count(*), sum(c) FROM {VIEW}").fetchone()
+        counted = conn.execute(f"SELECT count(*), sum(c) FROM {PLAIN}").fetchone()
         if counted != (shape.pairs, shape.events):
-            problems.append(
-                f"view before reduction: (count(*), sum(c)) = {counted}, "
+            raise BenchError(
+                f"the view before reduction: (count(*), sum(c)) = {counted}, "
                 f"expected {(shape.pairs, shape.events)}"
             )
-        sizes = {"archive before": size_mb(conn, archive_name(plan))}
+        sizes = {"archive before": size_mb(conn, archive), "plain": size_mb(conn, PLAIN)}
 
-        variants = [q for q in QUERIES if q.range is not None]
-        before = {q.key: measure(conn, q.sql(VIEW), args.repeat) for q in QUERIES}
-        before |= {
-            f"{q.key}w": measure(conn, q.sql(window_start_rel(plan, q)), args.repeat)
-            for q in variants
-        }
-        scans = {
-            f"{q.key} {label}": archive_scans(conn, sql, archive)
-            for q in variants
-            for label, sql in (
-                ("(t)", q.sql(VIEW)),
-                ("(window_start)", q.sql(window_start_rel(plan, q))),
-            )
-        }
+        before = run_phase(conn, view_queries(plan), table, args.repeat)
+        (folded, passes), steps["reduce"] = timed(lambda: reduce_all(conn, plan))
+        _, steps["vacuum"] = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive}"))
+        sizes["archive after"] = size_mb(conn, archive)
+        after = run_phase(conn, view_queries(plan), table, args.repeat)
+        plain = run_phase(conn, {q.key: q.sql(PLAIN) for q in QUERIES}, PLAIN, args.repeat)
+        problems = verify(conn, plan, shape, before, after, plain)
 
-        (folded, passes), reduce_s = timed(lambda: reduce_all(conn, plan))
-        _, vacuum_s = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive_name(plan)}"))
-        sizes["archive after"] = size_mb(conn, archive_name(plan))
-        sizes["plain"] = size_mb(conn, PLAIN)
-        rows_after = scalar(conn, f"SELECT count(*) FROM {archive_name(plan)}")
-        if rows_after != shape.pairs:
-            problems.append(f"{rows_after:,} partial rows after reduction, not {shape.pairs:,}")
-
-        after = {q.key: measure(conn, q.sql(VIEW), args.repeat) for q in QUERIES}
-        after |= {
-            f"{q.key}w": measure(conn, q.sql(window_start_rel(plan, q)), args.repeat)
-            for q in variants
-        }
-        plain = {q.key: measure(conn, q.sql(PLAIN), args.repeat) for q in QUERIES}
-        plain |= {f"{q.key}w": plain[q.key] for q in variants}
-
-        for key in before:
-            results = {"before": before[key], "after": after[key], "plain": plain[key]}
-            reference = repr(results["plain"].result)
-            for label, m in results.items():
-                if repr(m.result) != reference:
-                    problems.append(f"{key}: the view {label} reduction differs from {PLAIN}")
-        differ = scalar(
-            conn,
-            f"SELECT count(*) FROM ((TABLE {VIEW} EXCEPT ALL TABLE {PLAIN}) "
-            f"UNION ALL (TABLE {PLAIN} EXCEPT ALL TABLE {VIEW})) d",
+        settings = ", ".join(
+            f"{name}={scalar(conn, f'SHOW {name}')}"
+            for name in ("work_mem", "shared_buffers", "max_parallel_workers_per_gather")
         )
-        if differ:
-            problems.append(f"after reduction, {VIEW} and {PLAIN} differ in {differ} rows")
-
         report(
             args,
-            shape,
-            before,
-            after,
-            plain,
-            scans,
-            sizes,
-            {
-                "load": load_s,
-                "plain": plain_s,
-                "reduce": reduce_s,
-                "vacuum": vacuum_s,
-                "folded": folded,
-                "passes": passes,
-            },
-            server_info=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
-            f"jit={scalar(conn, 'SHOW jit')}, "
-            f"max_parallel_workers_per_gather="
-            f"{scalar(conn, 'SHOW max_parallel_workers_per_gather')}, {os.cpu_count()} CPUs",
+            Report(
+                shape=shape,
+                before=before,
+                after=after,
+                plain=plain,
+                sizes=sizes,
+                steps=steps,
+                folded=folded,
+                passes=passes,
+                server=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
+                f"JIT available: {scalar(conn, 'SELECT pg_jit_available()')}, {settings}, "
+                f"{os.cpu_count()} CPUs",
+            ),
         )
         if problems:
             print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
@@ -520,30 +527,67 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def report(
-    args: argparse.Namespace,
-    shape: Shape,
-    before: dict[str, Measurement],
-    after: dict[str, Measurement],
-    plain: dict[str, Measurement],
-    scans: dict[str, list[str]],
-    sizes: dict[str, float],
-    steps: dict[str, float],
-    server_info: str,
-) -> None:
+# ---- report ----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    shape: Shape
+    before: Phase
+    after: Phase
+    plain: Phase
+    sizes: dict[str, float]
+    steps: dict[str, float]
+    folded: int
+    passes: int
+    server: str
+
+
+def describe_shape(shape: Shape, groups: int, runs: int) -> list[str]:
+    per_pair = ", ".join(
+        f"{n}: {count:,} ({count / shape.pairs:.1%})"
+        for n, count in sorted(shape.rows_per_pair.items())
+    )
+    return [
+        f"{WINDOWS} windows x {groups:,} groups = {shape.pairs:,} (window, group)s, "
+        f"{shape.events:,} events, {runs} runs",
+        f"partial rows before reduction: {shape.rows:,} "
+        f"({shape.rows / shape.pairs:.3f} per (window, group))",
+        f"  on time: {shape.rows - shape.late_rows:,} (one per (window, group) from the run "
+        f"covering its minute; {shape.straddling_pairs:,} (window, group)s straddle a run "
+        "boundary and have two)",
+        f"  late: {shape.late_rows:,} rows for {shape.late_pairs:,} (window, group)s "
+        f"({shape.late_pairs / shape.pairs:.1%}), 1..{MAX_LATE_ROWS} each from distinct later "
+        f"runs, carrying {shape.late_events / shape.events:.1%} of the events",
+        f"partial rows per (window, group): {per_pair}",
+        f"partial rows after reduction: {shape.pairs:,} (one per (window, group))",
+    ]
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b else float("nan")
+
+
+def report(args: argparse.Namespace, r: Report) -> None:
     print("data:")
-    for line in describe_shape(shape, args.groups, args.runs):
+    for line in describe_shape(r.shape, args.groups, args.runs):
         print("  " + line)
+    print(f"  loaded by COPY in {r.steps['load']:.1f}s; {PLAIN} built in {r.steps['plain']:.1f}s")
     print(
-        f"  loaded by COPY in {steps['load']:.1f}s; {PLAIN} built in {steps['plain']:.1f}s; "
-        f"size (heap + indexes) of the archive {sizes['archive before']:.0f} MB before, "
-        f"{sizes['archive after']:.0f} MB after reduction; {PLAIN} {sizes['plain']:.0f} MB"
+        f"  size (heap + indexes): archive {r.sizes['archive before']:.0f} MB before, "
+        f"{r.sizes['archive after']:.0f} MB after reduction; {PLAIN} {r.sizes['plain']:.0f} MB"
     )
     print(
-        f"reduction: {steps['folded']:,} (window, group)s folded in {steps['reduce']:.1f}s "
-        f"({steps['passes']} statements, min_rows=1), then VACUUM ANALYZE {steps['vacuum']:.1f}s"
+        f"reduction: {r.folded:,} (window, group)s folded in {r.steps['reduce']:.1f}s "
+        f"({r.passes} statements, min_rows=1), then VACUUM ANALYZE in {r.steps['vacuum']:.1f}s"
     )
-    print(f"server: {server_info}")
+    print(f"server: {r.server}")
+
+    # The what-if variants compare with the plain table's plain query.
+    plain = dict(r.plain.times)
+    plain |= {f"{q.key}w": plain[q.key] for q in QUERIES if q.range}
+    titles = {q.key: q.title for q in QUERIES}
+    titles |= {f"{q.key}w": f"{q.key}, range on window_start" for q in QUERIES if q.range}
     print(f"\nquery times in ms, {args.repeat} runs each after a warm-up run (median / min)")
     head = (
         f"{'query':<34} {'view before':>15} {'view after':>15} {'plain':>15} "
@@ -551,24 +595,36 @@ def report(
     )
     print(head)
     print("-" * len(head))
-    titles = {q.key: q.title for q in QUERIES}
-    titles |= {f"{q.key}w": f"{q.key} on window_start" for q in QUERIES if q.range}
-    for key in before:
-        b, a, p = before[key], after[key], plain[key]
+    for key, title in titles.items():
+        b, a, p = r.before.times[key], r.after.times[key], plain[key]
         cells = [f"{m.median_ms:7.1f} /{m.min_ms:6.1f}" for m in (b, a, p)]
         print(
-            f"{key + ' ' + titles[key]:<34} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} "
+            f"{key + ' ' + title:<34} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} "
             f"{ratio(a.median_ms, p.median_ms):>11.2f} {ratio(b.median_ms, p.median_ms):>12.2f}"
         )
     print(
-        f"\nQ2w/Q3w: the same query, with the range on t also written on window_start inside "
-        "the view's query (not possible through the view today); plain column = Q2/Q3 on "
+        "Q2w/Q3w (what if): Q2/Q3 over the view's query with the range on t also written on "
+        "window_start,\nwhich the view does not expose; their plain column is Q2/Q3 on "
         f"{PLAIN}."
     )
-    print("how the archive is read (EXPLAIN, before reduction):")
-    for label, nodes in scans.items():
-        for node in nodes or ["(not scanned)"]:
-            print(f"  {label}: {node}")
+
+    print("\nplans (EXPLAIN):")
+    for key in titles:
+        print(f"  {key} view before: {r.before.plans[key].outline}")
+        print(f"  {key} view after:  {r.after.plans[key].outline}")
+        if key in r.plain.plans:
+            print(f"  {key} plain:       {r.plain.plans[key].outline}")
+    print("how the view reads the archive for the time ranges (before reduction):")
+    for key in titles:
+        if key != "Q1":
+            for scan in r.before.plans[key].scans:
+                print(f"  {key}: {scan}")
+    missed = [q.key for q in QUERIES if q.range and not r.before.plans[q.key].window_start_cond]
+    if missed:
+        print(
+            f"=> {', '.join(missed)}: the range on the view's t reaches the archive only as a "
+            "filter on window_start + interval,\n   not as an index condition on window_start"
+        )
 
     keys = [q.key for q in QUERIES]
     print(
@@ -577,22 +633,25 @@ def report(
                 "groups": args.groups,
                 "runs": args.runs,
                 "late_fraction": args.late_fraction,
-                "partial_rows_before": shape.rows,
-                "partial_rows_after": shape.pairs,
-                "reduce_s": round(steps["reduce"], 2),
+                "partial_rows_before": r.shape.rows,
+                "partial_rows_after": r.shape.pairs,
+                "reduce_s": round(r.steps["reduce"], 2),
                 "median_ms": {
                     k: {
-                        "view_before": round(before[k].median_ms, 2),
-                        "view_after": round(after[k].median_ms, 2),
+                        "view_before": round(r.before.times[k].median_ms, 2),
+                        "view_after": round(r.after.times[k].median_ms, 2),
                         "plain": round(plain[k].median_ms, 2),
                     }
-                    for k in before
+                    for k in titles
                 },
                 "ratio_after_plain": {
-                    k: ratio(after[k].median_ms, plain[k].median_ms) for k in keys
+                    k: ratio(r.after.times[k].median_ms, plain[k].median_ms) for k in keys
                 },
                 "ratio_before_plain": {
-                    k: ratio(before[k].median_ms, plain[k].median_ms) for k in keys
+                    k: ratio(r.before.times[k].median_ms, plain[k].median_ms) for k in keys
+                },
+                "window_start_index_cond": {
+                    k: r.before.plans[k].window_start_cond for k in titles if k != "Q1"
                 },
             }
         )
