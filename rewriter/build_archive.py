@@ -68,4 +68,24 @@ def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
             drop("TABLE", archive),
         ),
         delay_us=statement.delay_us,
+        retention_us=statement.retention_us,
+        retention_statement=_retention_statement(statement) if statement.retention_us else "",
     )
+
+
+def _retention_statement(statement: RawStreamStatement) -> str:
+    """Drop at most %(max_rows)s raw rows with event time before %(cutoff)s (one batch)."""
+    archive = table(naming.raw_archive_table(statement.name))
+    oldest = (
+        exp.select(exp.column("ctid"))
+        .from_(archive.copy())
+        .where(
+            exp.LT(
+                this=exp.column(statement.event_time, quoted=True),
+                expression=exp.Placeholder(this="cutoff"),
+            )
+        )
+        .limit(exp.Placeholder(this="max_rows"))
+    )
+    condition = exp.In(this=exp.column("ctid"), query=oldest.subquery())
+    return exp.Delete(this=archive, where=exp.Where(this=condition)).sql("postgres")

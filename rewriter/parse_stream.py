@@ -18,7 +18,7 @@ from rewriter.positions import Place, line_and_column, located, position_of, rec
 from rewriter.resolve_window import parse_interval
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
-RAW_OPTIONS = ("event_time", "delay")
+RAW_OPTIONS = ("event_time", "delay", "retention")
 EXAMPLE = (
     "CREATE STREAM impsns (campaign text, price numeric(12,4), t timestamptz) "
     "WITH (event_time = 't')  or  CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, "
@@ -32,6 +32,7 @@ class RawStreamStatement:
     columns: tuple[ColumnSpec, ...]
     event_time: str
     delay_us: int = 0  # WITH (delay = '30 seconds'): how far the watermark trails event time
+    retention_us: int = 0  # WITH (retention = '30 days'): raw rows kept that long; 0 = forever
 
 
 @dataclass(frozen=True)
@@ -226,14 +227,17 @@ def _raw(statement: exp.Create) -> RawStreamStatement:
             f"the event-time column {event_time!r} must be timestamptz, not {spec.type.pg()}",
             position=where,
         )
-    delay_us = 0
-    delay = _options(statement).get("delay")
-    if delay is not None:
-        with located(delay):
-            delay_us = parse_interval(
-                exp.Interval(this=exp.Literal.string(delay.args["value"].name))
-            )
-    return RawStreamStatement(name, tuple(columns), event_time, delay_us)
+    options = _options(statement)
+    delay_us, retention_us = (_interval_option(options.get(o)) for o in ("delay", "retention"))
+    return RawStreamStatement(name, tuple(columns), event_time, delay_us, retention_us)
+
+
+def _interval_option(option: exp.Property | None) -> int:
+    """Microseconds of an interval-valued option such as delay = '30 seconds' (0 if unset)."""
+    if option is None:
+        return 0
+    with located(option):
+        return parse_interval(exp.Interval(this=exp.Literal.string(option.args["value"].name)))
 
 
 def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> DerivedStreamStatement:

@@ -19,6 +19,10 @@ class RawStreamPlan:
     # The watermark trails the latest event time by this much; rows behind it are "late"
     # (counted, never dropped).
     delay_us: int = 0
+    # Raw rows older than this (by event time) are dropped from the raw archive by the
+    # retention worker, with retention_statement (parameters cutoff, max_rows); 0 = kept.
+    retention_us: int = 0
+    retention_statement: str = ""
     kind: str = field(default="raw", init=False)
 
     def column(self, name: str) -> ColumnSpec | None:

@@ -15,6 +15,7 @@ from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
 from server.reducer import Reducer
+from server.retention import Retention
 from server.service import StrataService
 from server.settings import Settings
 from server.spark import create_spark_session, stop_spark_session
@@ -56,6 +57,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
     spark = None
     service = None
     reducer = None
+    retention = None
     try:
         migrate(engine)
         log.info("starting Spark (%s)", settings.spark_master or "local")
@@ -73,11 +75,15 @@ def running(settings: Settings) -> Iterator[Runtime]:
             min_rows=settings.reduce_min_rows,
             interval=settings.reduce_interval,
         )
-        reducer.start()
+        retention = Retention(engine, service.plans)
+        for worker in (reducer, retention):
+            worker.start()
         runtime = Runtime(settings, database_url, engine, service)
         (settings.data_dir / INFO_FILE).write_text(json.dumps(runtime.info(), indent=2))
         yield runtime
     finally:
+        if retention is not None:
+            retention.stop()
         if reducer is not None:
             reducer.stop()
         if service is not None:

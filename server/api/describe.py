@@ -26,6 +26,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
             "event_time": plan.event_time,
             "delay_seconds": plan.delay_us / 1_000_000,
+            "retention_seconds": plan.retention_us / 1_000_000 or None,
             "archive_table": f"{INTERNAL_SCHEMA}.{raw_archive_table(plan.name)}",
         }
     if isinstance(plan, ProjectionStreamPlan):

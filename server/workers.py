@@ -1,0 +1,78 @@
+"""One shape for every background worker: the same loop over the same per-stream step.
+
+A worker wakes every ``interval`` seconds and calls ``step(plan)`` for each stream it
+applies to; a step does one bounded, idempotent unit of work in its own transaction and
+returns how much it did (it is called again while it keeps doing ``batch`` worth). One
+failing stream is logged and skipped; the loop goes on. A crash at any point leaves
+either the whole transaction or nothing, so workers simply resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+
+import sqlalchemy as sa
+
+from rewriter.plan import StreamPlan
+from server.catalog import PlanCache
+
+
+class Worker(ABC):
+    name = "worker"
+
+    def __init__(self, engine: sa.Engine, plans: PlanCache, *, interval: float, batch: int) -> None:
+        self.engine = engine
+        self.plans = plans
+        self.interval = interval
+        self.batch = batch
+        self.log = logging.getLogger(f"strata.{self.name}")
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def applies_to(self, plan: StreamPlan) -> bool:
+        """Whether this worker has anything to do for streams like ``plan``."""
+
+    @abstractmethod
+    def step(self, plan: StreamPlan) -> int:
+        """One bounded unit of work in one transaction; how many items it handled."""
+
+    def run_once(self) -> dict[str, int]:
+        """One pass over every stream; returns the items handled per stream."""
+        with self.engine.connect() as connection:
+            records = self.plans.load(connection)
+        done: dict[str, int] = {}
+        for record in records.values():
+            if not self.applies_to(record.plan):
+                continue
+            try:
+                done[record.name] = self._drain(record.plan)
+            except Exception:  # one stream's failure must not stop the others
+                self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
+        return done
+
+    def _drain(self, plan: StreamPlan) -> int:
+        total = 0
+        while not self._stopping.is_set():
+            handled = self.step(plan)
+            total += handled
+            if handled < self.batch:
+                break
+        if total:
+            self.log.info("%s: %d items of %s", self.name, total, plan.name)
+        return total
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"strata-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval):
+            self.run_once()
