@@ -56,22 +56,6 @@ class _Retry(Exception):  # noqa: N818 - control flow, never escapes this module
 
 
 @dataclass(frozen=True)
-class RunResult:
-    run_id: str
-    status: str
-    rows: int
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "run_id": self.run_id,
-            "status": self.status,
-            "rows": self.rows,
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
 class _Batch:
     """Runs of one raw stream with their rows and the partial rows Spark computed."""
 
