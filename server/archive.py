@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg import sql
 
-from rewriter.naming import INTERNAL_SCHEMA
+from rewriter.naming import INTERNAL_SCHEMA, RUN_COLUMN
 
 _CHUNK = 1 << 20
 
@@ -36,10 +36,17 @@ def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table) -> int:
     return data.num_rows
 
 
-def copy_out(cursor: psycopg.Cursor, table: str, schema: pa.Schema) -> pa.Table:
-    """Read the named columns of an internal table into Arrow with the given schema."""
-    statement = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT csv)").format(
-        sql.SQL(", ").join(sql.Identifier(n) for n in schema.names), internal_table(table)
+def copy_out(
+    cursor: psycopg.Cursor, table: str, schema: pa.Schema, runs: list[int] | None = None
+) -> pa.Table:
+    """Read the named columns of an internal table into Arrow with the given schema
+    (only the rows of ``runs``, when given)."""
+    statement = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+        sql.SQL(", ").join(sql.Identifier(n) for n in schema.names),
+        internal_table(table),
+        sql.SQL("")
+        if runs is None
+        else sql.SQL(" WHERE {} = ANY({})").format(sql.Identifier(RUN_COLUMN), sql.Literal(runs)),
     )
     buffer = io.BytesIO()
     with cursor.copy(statement) as copy:

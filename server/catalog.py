@@ -83,6 +83,24 @@ window_lateness = sa.Table(
     sa.Column("last_late_at", sa.DateTime(timezone=True)),
 )
 
+backfills = sa.Table(
+    "backfills",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("total_rows", sa.BigInteger),
+    sa.Column("done_rows", sa.BigInteger),
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+)
+backfill_runs = sa.Table(
+    "backfill_runs",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("run", sa.BigInteger, primary_key=True),
+    sa.Column("source", sa.Text),
+    sa.Column("rows", sa.BigInteger),
+)
+
 
 def sqlalchemy_url(database_url: str) -> str:
     """postgresql://... as psql spells it -> the SQLAlchemy URL for the psycopg 3 driver."""

@@ -58,6 +58,34 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def backfill_status(args: argparse.Namespace) -> int:
+    """Print each derived stream's back-fill as a progress bar (asks the running server)."""
+    import httpx
+
+    from server.runtime import stored_info
+
+    base = str(stored_info(_settings(args)).get("http") or "http://127.0.0.1:8080")
+    streams = httpx.get(f"{base}/streams", timeout=30).json()
+    for stream in streams:
+        if stream["kind"] == "raw":
+            continue
+        progress = httpx.get(f"{base}/streams/{stream['name']}", timeout=30).json()["progress"]
+        backfill = progress.get("backfill")
+        if backfill is None:
+            continue
+        total = backfill["rows_total"] or 1
+        share = min(backfill["rows_done"] / total, 1.0) if backfill["rows_total"] else 1.0
+        bar = "#" * round(share * 30)
+        eta = backfill["eta_seconds"]
+        print(
+            f"{stream['name']:<30} [{bar:<30}] {share:6.1%} "
+            f"{backfill['rows_done']:,}/{backfill['rows_total']:,} rows "
+            f"{backfill['rows_per_second']:,} rows/s "
+            f"{backfill['state']}{'' if eta in (0, None) else f', ETA {eta:.0f} s'}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     show = commands.add_parser("info", help="print database_url and more as JSON")
     show.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
     show.set_defaults(run=info)
+    status = commands.add_parser(
+        "backfill-status", help="progress of back-fills of new streams over history"
+    )
+    status.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
+    status.set_defaults(run=backfill_status)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

@@ -30,10 +30,11 @@ from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
 from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog
-from server.archive import copy_in, copy_out, internal_table
+from server.archive import copy_in, internal_table
 from server.backend import SparkBackend
+from server.backfill import Backfiller, backfill_progress, plan_backfill
 from server.catalog import PlanCache, RunRecord, StreamRecord
-from server.ingest.parse import arrow_schema, parse_run
+from server.ingest.parse import parse_run
 from server.progress import record_progress, stream_progress
 from server.spool import Spool
 
@@ -77,10 +78,6 @@ def _execute_plan_sql(connection: sa.Connection, statement: str) -> None:
     connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
-def _record(plan: DerivedStreamPlan, text: str) -> StreamRecord:
-    return StreamRecord(plan.name, plan.kind, text, None, plan)  # type: ignore[arg-type]
-
-
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
     return table.append_column(RUN_COLUMN, pa.array([seq] * table.num_rows, pa.int64()))
 
@@ -98,6 +95,7 @@ class StrataService:
         self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         self._stopping = threading.Event()
         self.batch_max_rows = 1_000_000
+        self.backfiller = Backfiller(engine, self.plans, backend)
 
     # ---- streams ---------------------------------------------------------------------
 
@@ -124,7 +122,7 @@ class StrataService:
                 for statement in plan.create_statements:
                     _execute_plan_sql(connection, statement)
                 if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
-                    self._backfill(connection, plan, existing | {plan.name: _record(plan, text)})
+                    self._plan_backfill(connection, plan)
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {plan.name!r} already exists") from None
@@ -140,28 +138,20 @@ class StrataService:
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
 
-    def _backfill(
-        self, connection: sa.Connection, plan: DerivedStreamPlan, records: dict[str, StreamRecord]
-    ) -> None:
-        """Compute a new parallel stream over everything its raw source already archived.
+    def _plan_backfill(self, connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+        """Order the new stream against concurrent runs, then leave the history to the
+        back-filler (server/backfill.py).
 
-        SHARE mode blocks run commits into the source until this transaction commits;
-        a run committing later sees the new stream in the catalog (the worker re-reads
-        the dependents under its own lock), so no run is counted twice or missed. A roll-up
-        is computed through the streams below it, from the same raw rows.
+        SHARE mode waits for run commits in flight into the sources and blocks new ones
+        until this transaction commits; every run committed later sees the new stream in
+        the catalog (the commit re-reads the dependents under its own lock), and every run
+        committed before is listed for back-fill: no run is counted twice or missed.
         """
         cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        chain = catalog.lineage(records, plan)
         for name in plan.raw_sources:
-            source = records[name].plan
-            assert isinstance(source, RawStreamPlan)
-            table = raw_archive_table(source.name)
-            cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(internal_table(table)))
-            schema = arrow_schema(source.columns).append(pa.field(RUN_COLUMN, pa.int64()))
-            history = copy_out(cursor, table, schema)
-            if history.num_rows:
-                partial = self.backend.partials(history, chain, source=source.name)[plan.name]
-                copy_in(cursor, partial_archive_table(plan.name), partial)
+            table = internal_table(raw_archive_table(name))
+            cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
+        plan_backfill(connection, plan)
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
@@ -189,6 +179,7 @@ class StrataService:
         sources = (plan.name,) if isinstance(plan, RawStreamPlan) else plan.raw_sources
         with self.engine.connect() as connection:
             shown = stream_progress(connection, plan.name, sources[0])
+            shown["backfill"] = backfill_progress(connection, plan.name)
             if len(sources) > 1:
                 marks = [stream_progress(connection, s, s)["watermark"] for s in sources]
                 shown["watermark"] = None if None in marks else min(marks)  # type: ignore[type-var]
@@ -273,8 +264,10 @@ class StrataService:
         ]
         for worker in self._workers:
             worker.start()
+        self.backfiller.start()
 
     def stop(self) -> None:
+        self.backfiller.stop()
         self._stopping.set()
         self._queue.put(None)
         for worker in self._workers:

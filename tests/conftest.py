@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from server.api.app import create_app
 from server.backend import SparkBackend
+from server.backfill import wait_for
 from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
 from server.service import StrataService
@@ -115,6 +116,8 @@ class Strata:
     def create(self, statement: str) -> dict[str, object]:
         response = self.client.post("/streams", json={"sql": statement})
         assert response.status_code == 201, response.text
+        # Back-fill over history runs in the background; tests compare complete views.
+        wait_for(self.service.engine, response.json()["name"])
         return response.json()  # type: ignore[no-any-return]
 
     def ingest(

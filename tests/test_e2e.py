@@ -24,6 +24,10 @@ IMPSNS = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
     "WITH (event_time = 't')"
 )
+LATE_COUNT = (
+    "CREATE STREAM late_count AS SELECT count(*) AS c, window_end "
+    "FROM TUMBLE(impsns, t, INTERVAL '1 hour') GROUP BY window_end"
+)
 COUNT = (
     "CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, window_end AS t "
     "FROM TUMBLE(impsns, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
@@ -148,6 +152,22 @@ def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
         check=True,
     )
     assert psql.stdout.split() == ["a=3", "b=1", "a=1"]
+
+    # A stream over the history back-fills; `strata backfill-status` shows it.
+    assert client.post("/streams", json={"sql": LATE_COUNT}).status_code == 201
+    for _ in range(100):
+        if client.get("/streams/late_count").json()["progress"]["backfill"]["state"] == "done":
+            break
+        time.sleep(0.2)
+    status = subprocess.run(
+        [sys.executable, "-m", "server.cli", "backfill-status", "--data-dir", str(server.data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "late_count" in status.stdout and "100.0%" in status.stdout and "done" in status.stdout
+    with psycopg.connect(database_url) as connection:
+        assert connection.execute("SELECT sum(c) FROM late_count").fetchone() == (5,)
 
     # `strata info` agrees with GET /info.
     cli = subprocess.run(

@@ -1,0 +1,155 @@
+"""Back-fill ("nostalgia", seeds/003): a new parallel stream computed over the history its
+raw sources already archived, in bounded chunks, while new runs keep flowing.
+
+When the stream is created, the runs its sources had committed are listed in
+``backfill_runs`` (under a SHARE lock, so no run commits meanwhile: every run committed
+later carries the new stream itself). A chunk is a few of those runs: their raw rows are
+read back, Spark computes the stream's partial rows (through the streams below it, for a
+roll-up), and one transaction writes them and strikes the runs off the list. So no run is
+counted twice or missed, and a crash at any point just redoes the chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pyarrow as pa
+import sqlalchemy as sa
+
+from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
+from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
+from server import catalog
+from server.archive import copy_in, copy_out
+from server.backend import SparkBackend
+from server.catalog import PlanCache
+from server.ingest.parse import arrow_schema
+from server.workers import Worker
+
+
+def plan_backfill(connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+    """List the committed runs of ``plan``'s raw sources (caller holds their SHARE locks)."""
+    runs = catalog.runs
+    pending = (
+        sa.select(sa.literal(plan.name), runs.c.seq, runs.c.stream, runs.c.rows)
+        .where(runs.c.stream.in_(plan.raw_sources), runs.c.status == "committed")
+        .where(runs.c.rows > 0)
+    )
+    connection.execute(
+        sa.insert(catalog.backfill_runs).from_select(["stream", "run", "source", "rows"], pending)
+    )
+    total = connection.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(catalog.backfill_runs.c.rows), 0)).where(
+            catalog.backfill_runs.c.stream == plan.name
+        )
+    ).scalar_one()
+    connection.execute(
+        sa.insert(catalog.backfills).values(
+            stream=plan.name,
+            total_rows=total,
+            done_rows=0,
+            finished_at=sa.func.now() if total == 0 else None,
+        )
+    )
+
+
+class Backfiller(Worker):
+    name = "backfill"
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        plans: PlanCache,
+        backend: SparkBackend,
+        *,
+        chunk_rows: int = 500_000,
+        interval: float = 0.5,
+    ) -> None:
+        # A step handles at most one chunk; "batch" 1 makes the loop run it again at once.
+        super().__init__(engine, plans, interval=interval, batch=1)
+        self.backend = backend
+        self.chunk_rows = chunk_rows
+
+    def applies_to(self, plan: StreamPlan) -> bool:
+        return isinstance(plan, DerivedStreamPlan) and plan.is_parallel
+
+    def step(self, plan: StreamPlan) -> int:
+        assert isinstance(plan, DerivedStreamPlan)
+        listed = catalog.backfill_runs
+        with self.engine.begin() as connection:
+            candidates = connection.execute(
+                sa.select(listed.c.run, listed.c.source, listed.c.rows)
+                .where(listed.c.stream == plan.name)
+                .order_by(listed.c.source, listed.c.run)
+                .limit(1000)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if not candidates:
+                return 0
+            source = candidates[0].source
+            chunk: list[int] = []
+            rows = 0
+            for run in candidates:
+                if run.source != source or (chunk and rows + run.rows > self.chunk_rows):
+                    break
+                chunk.append(run.run)
+                rows += run.rows
+            records = self.plans.load(connection)
+            raw = records[source].plan
+            assert isinstance(raw, RawStreamPlan)
+            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            schema = arrow_schema(raw.columns).append(pa.field(RUN_COLUMN, pa.int64()))
+            history = copy_out(cursor, raw_archive_table(source), schema, runs=chunk)
+            chain = catalog.lineage(records, plan)
+            partial = self.backend.partials(history, chain, source=source)[plan.name]
+            copy_in(cursor, partial_archive_table(plan.name), partial)
+            connection.execute(
+                sa.delete(listed).where(listed.c.stream == plan.name, listed.c.run.in_(chunk))
+            )
+            left = connection.execute(
+                sa.select(sa.func.count()).where(listed.c.stream == plan.name)
+            ).scalar_one()
+            backfills = catalog.backfills
+            connection.execute(
+                sa.update(backfills)
+                .where(backfills.c.stream == plan.name)
+                .values(
+                    done_rows=backfills.c.done_rows + history.num_rows,
+                    finished_at=sa.func.now() if left == 0 else None,
+                )
+            )
+        return 1
+
+
+def backfill_progress(connection: sa.Connection, name: str) -> dict[str, object] | None:
+    """Rows done and to do, rate and ETA of a stream's back-fill (None if it had none)."""
+    state = connection.execute(
+        sa.select(catalog.backfills).where(catalog.backfills.c.stream == name)
+    ).first()
+    if state is None:
+        return None
+    end: datetime = state.finished_at or connection.execute(sa.select(sa.func.now())).scalar_one()
+    elapsed = max((end - state.started_at).total_seconds(), 1e-6)
+    rate = state.done_rows / elapsed
+    left = state.total_rows - state.done_rows
+    return {
+        "state": "done" if state.finished_at else "running",
+        "rows_done": state.done_rows,
+        "rows_total": state.total_rows,
+        "rows_per_second": round(rate),
+        "eta_seconds": 0 if state.finished_at else (round(left / rate, 1) if rate else None),
+        "started_at": state.started_at.isoformat(),
+        "finished_at": state.finished_at.isoformat() if state.finished_at else None,
+    }
+
+
+def wait_for(engine: sa.Engine, name: str, timeout: float = 600) -> None:
+    """Block until ``name``'s back-fill is done (for callers that want it complete)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            progress = backfill_progress(connection, name)
+        if progress is None or progress["state"] == "done":
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"back-fill of {name!r} did not finish in {timeout} s")
