@@ -68,6 +68,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
         )
         service = StrataService(engine, SparkBackend(spark), Spool(settings.spool_dir))
         service.batch_max_rows = settings.batch_max_rows
+        service.backfiller.chunk_rows = settings.backfill_chunk_rows
         service.start()
         reducer = Reducer(
             engine,

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     max_run_bytes: int = Field(
         256 * 1024 * 1024, description="Largest run body accepted, in bytes (larger: 413)."
     )
+    backfill_chunk_rows: int = Field(
+        500_000,
+        description="Most raw rows a back-fill reads, computes and commits in one chunk.",
+    )
     reduce_min_rows: int = Field(
         4,
         description="The reducer folds a window's partial rows for a group once there are "

@@ -41,14 +41,16 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.extra_env = env or {}
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"strata-{self.port}.log"
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+        env |= self.extra_env
         self.process = subprocess.Popen(
             [
                 sys.executable,
