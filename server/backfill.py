@@ -115,7 +115,8 @@ class Backfiller(Worker):
                 .where(backfills.c.stream == plan.name)
                 .values(
                     done_rows=backfills.c.done_rows + history.num_rows,
-                    finished_at=sa.func.now() if left == 0 else None,
+                    # The wall clock, not the transaction's start: the chunk's own time counts.
+                    finished_at=sa.func.clock_timestamp() if left == 0 else None,
                 )
             )
         return 1

@@ -95,6 +95,7 @@ def test_raw_stream_plan() -> None:
         'CREATE TABLE "strata_internal"."impsns__raw" ("campaign" TEXT COLLATE "C", '
         '"user_id" BIGINT, "price" DECIMAL(12, 4), "t" TIMESTAMPTZ NOT NULL, '
         '"strata_run" BIGINT NOT NULL)',
+        'CREATE INDEX impsns__raw_runs ON "strata_internal"."impsns__raw" USING brin(strata_run)',
         'CREATE VIEW "public"."impsns" AS SELECT "campaign", "user_id", "price", "t" '
         'FROM "strata_internal"."impsns__raw"',
     )
