@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +14,6 @@ import httpx
 import psycopg
 import pytest
 
-from server.embedded_pg import POSTGRES_BIN_PATH
 from tests.test_e2e import Server
 
 pytestmark = pytest.mark.e2e
@@ -106,18 +104,4 @@ def test_kill_during_backfill_and_reduction(tmp_path: Path, seed: int) -> None:
         assert raw == (25500,)
         assert sorted(view) == sorted(oracle)
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.stop()
-        subprocess.run(
-            [
-                str(POSTGRES_BIN_PATH / "pg_ctl"),
-                "-D",
-                str(tmp_path / "data/postgres/pgdata"),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-            capture_output=True,
-            check=False,
-            user="strata_pg",
-        )
+        server.close()

@@ -82,6 +82,25 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def close(self) -> None:
+        """Stop the server if it runs, and a PostgreSQL it left running (after kill -9),
+        so that nothing outlives the test."""
+        if self.process is not None and self.process.poll() is None:
+            self.stop()
+        subprocess.run(
+            [
+                str(POSTGRES_BIN_PATH / "pg_ctl"),
+                "-D",
+                str(self.data_dir / "postgres/pgdata"),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            capture_output=True,
+            check=False,
+            user="strata_pg" if os.geteuid() == 0 else None,
+        )
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.process is not None
         if sig == signal.SIGKILL:
@@ -96,22 +115,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     instance = Server(tmp_path / "data")
     instance.start()
     yield instance
-    if instance.process is not None and instance.process.poll() is None:
-        instance.stop()
-    # Stop a PostgreSQL a test left running (after kill -9) so nothing outlives the test.
-    subprocess.run(
-        [
-            str(POSTGRES_BIN_PATH / "pg_ctl"),
-            "-D",
-            str(tmp_path / "data/postgres/pgdata"),
-            "-m",
-            "immediate",
-            "stop",
-        ],
-        capture_output=True,
-        check=False,
-        user="strata_pg" if os.geteuid() == 0 else None,
-    )
+    instance.close()
 
 
 def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
