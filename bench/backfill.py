@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ from ingest import (  # bench/ingest.py, next to this script
     STOP_TIMEOUT,
     BenchError,
     Server,
+    clean_up,
     log_problems,
     start_server,
     stop_orphaned_postgres,
@@ -506,15 +506,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"benchmark failed: {err}", file=sys.stderr)
         exit_code = 1
     finally:
-        if server is not None and server.process.poll() is None:
-            stop_server(server)
-        stop_orphaned_postgres(data_dir)
-        if exit_code and server is not None:
-            print(f"\nserver log tail ({server.log_path}):\n{server.log_tail()}", file=sys.stderr)
-        if args.keep or exit_code:
-            print(f"kept {data_dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        clean_up(server, data_dir, failed=exit_code != 0, keep=args.keep)
     return exit_code
 
 

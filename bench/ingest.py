@@ -507,16 +507,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"benchmark failed: {err}", file=sys.stderr)
         exit_code = 1
     finally:
-        if server is not None and server.process.poll() is None:
-            stop_server(server)
-        stop_orphaned_postgres(data_dir)
-        if exit_code and server is not None:
-            print(f"\nserver log tail ({server.log_path}):\n{server.log_tail()}", file=sys.stderr)
-        if args.keep or exit_code:
-            print(f"kept {data_dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        clean_up(server, data_dir, failed=exit_code != 0, keep=args.keep)
     return exit_code
+
+
+def clean_up(server: Server | None, data_dir: Path, *, failed: bool, keep: bool) -> None:
+    """Stop the server (and a PostgreSQL it left), show its log if the run failed, and remove
+    the data dir unless it is to be kept."""
+    if server is not None and server.process.poll() is None:
+        stop_server(server)
+    stop_orphaned_postgres(data_dir)
+    if failed and server is not None:
+        print(f"\nserver log tail ({server.log_path}):\n{server.log_tail()}", file=sys.stderr)
+    if keep or failed:
+        print(f"kept {data_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
