@@ -95,7 +95,9 @@ class StrataService:
         self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         self._stopping = threading.Event()
         self.batch_max_rows = 1_000_000
-        self.backfiller = Backfiller(engine, self.plans, backend)
+        self.backfiller = Backfiller(
+            engine, self.plans, backend, scratch=spool.directory.parent / "backfill"
+        )
 
     # ---- streams ---------------------------------------------------------------------
 
