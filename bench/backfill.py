@@ -64,8 +64,10 @@ from ingest import (  # bench/ingest.py, next to this script
     STOP_TIMEOUT,
     BenchError,
     Server,
+    Timing,
     clean_up,
     log_problems,
+    print_table,
     start_server,
     stop_orphaned_postgres,
     stop_server,
@@ -129,18 +131,6 @@ SERVER_CHUNK_ROWS: int = Settings.model_fields["backfill_chunk_rows"].default
 
 
 @dataclass
-class Timing:
-    name: str
-    rows: int
-    seconds: float
-    notes: str = ""
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds else 0.0
-
-
-@dataclass
 class Sample:
     """What GET /streams/{name} said about the back-fill, ``at`` seconds after the POST."""
 
@@ -172,14 +162,6 @@ class Backfill:
                 times.append(s.at - last_at)
                 last_done, last_at = s.done, s.at
         return times
-
-
-def print_table(timings: list[Timing]) -> None:
-    print(f"{'phase':<28} {'rows':>11} {'seconds':>9} {'rows/s':>11}  notes")
-    for t in timings:
-        rate = f"{t.rows_per_s:,.0f}" if t.rows else ""
-        rows = f"{t.rows:,}" if t.rows else ""
-        print(f"{t.name:<28} {rows:>11} {t.seconds:>9.2f} {rate:>11}  {t.notes}")
 
 
 # ---- loading history -------------------------------------------------------------------
@@ -443,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         if orphan is not None:
             problems.append(f"the embedded PostgreSQL (pid {orphan}) outlived the server")
 
-        print_table(timings)
+        print_table(timings, phase_width=28, rows_width=11)
         print(
             f"\n{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, "
             f"{os.getloadavg()[0]:.2f} after the timed phases"

@@ -423,12 +423,14 @@ def verify(database_url: str, rows: int) -> list[str]:
 # ---- report ----------------------------------------------------------------------------
 
 
-def print_table(timings: list[Timing]) -> None:
-    print(f"{'phase':<22} {'rows':>10} {'seconds':>9} {'rows/s':>11}  notes")
+def print_table(timings: list[Timing], *, phase_width: int = 22, rows_width: int = 10) -> None:
+    print(f"{'phase':<{phase_width}} {'rows':>{rows_width}} {'seconds':>9} {'rows/s':>11}  notes")
     for t in timings:
         rate = f"{t.rows_per_s:,.0f}" if t.rows else ""
         rows = f"{t.rows:,}" if t.rows else ""
-        print(f"{t.name:<22} {rows:>10} {t.seconds:>9.2f} {rate:>11}  {t.notes}")
+        print(
+            f"{t.name:<{phase_width}} {rows:>{rows_width}} {t.seconds:>9.2f} {rate:>11}  {t.notes}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
