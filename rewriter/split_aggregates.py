@@ -225,12 +225,16 @@ def key_or_window(node: exp.Expr, keys: list[GroupKey], window: WindowSpec) -> e
     return None
 
 
-class _Splitter:
-    """Rewrites SELECT/HAVING expressions over the partial archive, collecting aggregates."""
+class FinalForms:
+    """Re-expresses SELECT/HAVING over the partial archive, collecting the aggregates.
 
-    def __init__(self, keys: list[GroupKey], schema: dict[str, SqlType], window: WindowSpec):
+    Keys and the window become archive columns, each distinct aggregate call is split once
+    (``split``) and replaced by its final form; subclasses say what a column that is
+    neither grouped nor aggregated means (``ungrouped``).
+    """
+
+    def __init__(self, keys: list[GroupKey], window: WindowSpec) -> None:
         self.keys = keys
-        self.schema = schema
         self.window = window
         self.aggregates: list[SplitAggregate] = []
         self._by_call: dict[str, SplitAggregate] = {}
@@ -240,9 +244,7 @@ class _Splitter:
         if grouped is not None:
             return grouped
         if isinstance(node, exp.Column):
-            raise UnsupportedSQL(
-                f"column {node.name!r} must appear in GROUP BY or be used in an aggregate function"
-            )
+            raise self.ungrouped(node)
         if is_aggregate(node):
             return self._aggregate(node).final.copy()
         copy = node.copy()
@@ -252,8 +254,32 @@ class _Splitter:
 
     def _aggregate(self, node: exp.Expr) -> SplitAggregate:
         call = node.sql("postgres")
-        if call in self._by_call:
-            return self._by_call[call]
+        if call not in self._by_call:
+            split = self.split(node, call, len(self.aggregates))
+            self.aggregates.append(split)
+            self._by_call[call] = split
+        return self._by_call[call]
+
+    def ungrouped(self, column: exp.Column) -> Exception:
+        raise NotImplementedError
+
+    def split(self, node: exp.Expr, call: str, index: int) -> SplitAggregate:
+        raise NotImplementedError
+
+
+class _Splitter(FinalForms):
+    """Final forms over the partial archive of a stream computed from raw rows."""
+
+    def __init__(self, keys: list[GroupKey], schema: dict[str, SqlType], window: WindowSpec):
+        super().__init__(keys, window)
+        self.schema = schema
+
+    def ungrouped(self, column: exp.Column) -> Exception:
+        return UnsupportedSQL(
+            f"column {column.name!r} must appear in GROUP BY or be used in an aggregate function"
+        )
+
+    def split(self, node: exp.Expr, call: str, index: int) -> SplitAggregate:
         parsed = parse_aggregate(node)
         rule, argument, condition = parsed.rule, parsed.argument, parsed.condition
         if argument is not None and contains_aggregate(argument):
@@ -270,7 +296,6 @@ class _Splitter:
                 f"{call!r}: {rule.name} takes {rule.accepts_text}, not {arg_type.pg()}"
             )
         spark_arg = to_spark(argument, self.schema) if argument is not None else None
-        index = len(self.aggregates)
         states = tuple(
             StateColumn(
                 column=naming.state_column(index, state.name),
@@ -290,6 +315,4 @@ class _Splitter:
             rule=rule.name,
             arg_type=arg_type.pg() if arg_type is not None else None,
         )
-        self.aggregates.append(split)
-        self._by_call[call] = split
         return split

@@ -21,16 +21,16 @@ from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import DerivedStreamPlan, OutputColumn, PlannedAggregate
-from rewriter.registry import REGISTRY, is_aggregate, rule_for
+from rewriter.registry import REGISTRY, rule_for
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_aggregates import (
+    FinalForms,
     GroupKey,
     SplitAggregate,
     SplitQuery,
     StateColumn,
     check_clauses,
     group_by_keys,
-    key_or_window,
     output_name,
 )
 from rewriter.types import SqlType, sql_type_from_sqlglot
@@ -102,7 +102,9 @@ def split_rollup(select: exp.Select, window: WindowSpec) -> SplitQuery:
     )
 
 
-class _RollupSplitter:
+class _RollupSplitter(FinalForms):
+    """Final forms over the partial archive of a stream rolled up onto ``lower``'s partials."""
+
     def __init__(
         self,
         lower: DerivedStreamPlan,
@@ -111,14 +113,11 @@ class _RollupSplitter:
         key_schema: dict[str, SqlType],
         window: WindowSpec,
     ) -> None:
+        super().__init__([], window)
         self.lower = lower
         self.outputs = outputs
         self.key_outputs = key_outputs
         self.key_schema = key_schema
-        self.window = window
-        self.keys: list[GroupKey] = []
-        self.aggregates: list[SplitAggregate] = []
-        self._by_call: dict[str, SplitAggregate] = {}
 
     def _on_partials(self, node: exp.Expr) -> exp.Expr:
         """A Spark expression over the lower stream's key outputs, on its partial columns."""
@@ -162,28 +161,15 @@ class _RollupSplitter:
             )
         return self.keys
 
-    def final_form(self, node: exp.Expr) -> exp.Expr:
-        grouped = key_or_window(node, self.keys, self.window)
-        if grouped is not None:
-            return grouped
-        if isinstance(node, exp.Column):
-            if node.name in self.outputs:
-                raise GatherPoint(
-                    f"{node.name!r} of {self.lower.name!r} is used outside an aggregate and "
-                    "outside GROUP BY"
-                )
-            raise UnsupportedSQL(f"column {node.name!r} does not exist in {self.lower.name!r}")
-        if is_aggregate(node):
-            return self._aggregate(node).final.copy()
-        copy = node.copy()
-        for child in list(copy.iter_expressions()):
-            child.replace(self.final_form(child))
-        return copy
+    def ungrouped(self, column: exp.Column) -> Exception:
+        if column.name in self.outputs:
+            return GatherPoint(
+                f"{column.name!r} of {self.lower.name!r} is used outside an aggregate and "
+                "outside GROUP BY"
+            )
+        return UnsupportedSQL(f"column {column.name!r} does not exist in {self.lower.name!r}")
 
-    def _aggregate(self, node: exp.Expr) -> SplitAggregate:
-        call = node.sql("postgres")
-        if call in self._by_call:
-            return self._by_call[call]
+    def split(self, node: exp.Expr, call: str, index: int) -> SplitAggregate:
         outer = rule_for(node)
         argument = node.this
         if outer.takes_star or not isinstance(argument, exp.Column):
@@ -206,7 +192,6 @@ class _RollupSplitter:
                 f"compositions: {COMPOSITIONS_TEXT})"
             )
         rule = REGISTRY[composed]
-        index = len(self.aggregates)
         states = tuple(
             StateColumn(
                 column=naming.state_column(index, state.name),
@@ -225,9 +210,6 @@ class _RollupSplitter:
         result_type = outer.result_type(_type(inner.result_type, argument.name))
         if outer.name != "avg":
             final = exp.cast(final, exp.DataType.build(result_type, dialect="postgres"))
-        split = SplitAggregate(
+        return SplitAggregate(
             call, states, final, result_type, rule=composed, arg_type=inner.arg_type
         )
-        self.aggregates.append(split)
-        self._by_call[call] = split
-        return split
