@@ -1,10 +1,15 @@
 """Pass 4c: a serial (SP) stream: the query, as written, over the consolidated source.
 
 A gather point (seeds/003: MAX over COUNT, a HAVING or WHERE on final values, DISTINCT
-over aggregates) cannot stay partial. Until the workers materialize serial streams when
-their windows close, a serial stream is a PostgreSQL view running the user's query over
-the source's view (final values), with the windows recomputed from the source's window
-start: correct on read, whatever arrived late.
+over aggregates) cannot stay partial: it runs the user's query over the source's view
+(final values), with the windows recomputed from the source's window start.
+
+When its windows close, the workers compute them once into the stream's archive (table
+``<name>__serial``, one column more: the window start). The stream's view reads the
+archive for materialized windows, except those late data has touched since (listed in
+the corrections table until the repair worker recomputes them), and computes every other
+window on read. Each window is either archived or computed, never both, in every snapshot:
+the view is exact at every instant, and fast over history.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.build_archive import create_view, drop, table
 from rewriter.errors import UnsupportedSQL
-from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan
+from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan, SerialStatements
 from rewriter.registry import exact_in_postgres
 from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.split_aggregates import output_name
@@ -35,14 +40,49 @@ def _source_window_start(window: WindowSpec) -> exp.Expr:
     return column
 
 
+def _setting(name: str, pg_type: str) -> exp.Expr:
+    return exp.cast(exp.func("current_setting", exp.Literal.string(name)), pg_type)
+
+
+def _in_windows(window_start: exp.Expr, windows: exp.Expr) -> exp.Expr:
+    return exp.EQ(this=window_start, expression=exp.Any(this=exp.paren(windows)))
+
+
+def _and_where(query: exp.Select, condition: exp.Expr) -> exp.Select:
+    where = query.args.get("where")
+    if where is not None:
+        condition = exp.and_(exp.paren(where.this.copy()), exp.paren(condition))
+    query = query.copy()
+    query.set("where", exp.Where(this=condition))
+    return query
+
+
+def _groups_by_window(select: exp.Select) -> bool:
+    group = select.args.get("group")
+    items = list(select.expressions)
+    for key in group.expressions if group else ():
+        if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.name) <= len(items):
+            key = items[int(key.name) - 1]
+            key = key.this if isinstance(key, exp.Alias) else key
+        if any(
+            c.name in (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN) and not c.table
+            for c in key.find_all(exp.Column)
+        ):
+            return True
+    return False
+
+
 def build_serial(
     name: str, select: exp.Select, window: WindowSpec, reason: str
 ) -> DerivedStreamPlan:
     if window.is_hop:
         raise UnsupportedSQL(f"HOP windows are not supported in a serial stream ({reason})")
-    start = exp.func(
-        "strata_window_start", _source_window_start(window), exp.Literal.number(window.size_us)
-    )
+    if not _groups_by_window(select):
+        raise UnsupportedSQL(
+            f"a serial stream ({reason}) must GROUP BY its window (window_start or window_end)"
+        )
+    source_start = _source_window_start(window)
+    start = exp.func("strata_window_start", source_start, exp.Literal.number(window.size_us))
 
     def place(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Column) and not node.table:
@@ -78,6 +118,79 @@ def build_serial(
             for e, o in zip(query.expressions, outputs, strict=True)
         ],
     )
+    # The query per window: the window start as the last column (GROUP BY positions hold),
+    # and among the grouping keys (it is a function of the window key already there).
+    per_window = named.copy()
+    per_window.set(
+        "expressions",
+        [*per_window.expressions, exp.alias_(start.copy(), naming.SERIAL_WINDOW_COLUMN)],
+    )
+    group = per_window.args.get("group")
+    if group is not None:
+        group.set("expressions", [*group.expressions, start.copy()])
+    archive = table(naming.serial_archive_table(name))
+    window_column = exp.column(naming.SERIAL_WINDOW_COLUMN, quoted=True)
+    windows = _setting(naming.SERIAL_WINDOWS_SETTING, "timestamptz[]")
+    stream = exp.Literal.string(name)
+    until = exp.func("strata_serial_until", stream)
+    corrected = exp.func("strata_serial_corrected", stream)
+
+    columns = [exp.column(o.name, quoted=True) for o in outputs]
+    archived = (
+        exp.select(*columns)
+        .from_(archive.copy())
+        .where(exp.not_(_in_windows(window_column.copy(), corrected.copy())))
+    )
+    # Windows not materialized yet, or awaiting repair: computed on read. The condition is
+    # on the source's window, so PostgreSQL filters the source before grouping.
+    live_windows = exp.or_(
+        exp.GTE(this=source_start.copy(), expression=until),
+        _in_windows(start.copy(), corrected),
+    )
+    live = exp.select(*columns).from_(_and_where(per_window, live_windows).subquery("live"))
+    view: exp.Query = exp.union(archived, live, distinct=False)
+    if select.args.get("distinct"):
+        view = exp.select(*columns).distinct().from_(view.subquery("serial"))
+    serial = SerialStatements(
+        windows_query=exp.select(exp.alias_(start.copy(), naming.SERIAL_WINDOW_COLUMN))
+        .distinct()
+        .from_(exp.alias_(table(window.source.name, naming.PUBLIC_SCHEMA), "src"))
+        .where(
+            exp.and_(
+                exp.GTE(
+                    this=source_start.copy(),
+                    expression=_setting(naming.SERIAL_FROM_SETTING, "timestamptz"),
+                ),
+                exp.LT(
+                    this=source_start.copy(),
+                    expression=_setting(naming.SERIAL_TO_SETTING, "timestamptz"),
+                ),
+            )
+        )
+        .order_by(exp.column(naming.SERIAL_WINDOW_COLUMN))
+        .limit(_setting(naming.SERIAL_LIMIT_SETTING, "integer"))
+        .sql("postgres"),
+        delete_statement=exp.Delete(
+            this=archive.copy(),
+            where=exp.Where(this=_in_windows(window_column.copy(), windows.copy())),
+        ).sql("postgres"),
+        insert_statement=exp.Insert(
+            this=archive.copy(),
+            expression=_and_where(per_window, _in_windows(start.copy(), windows.copy())),
+        ).sql("postgres"),
+    )
+    # The archive takes its column types from the query itself.
+    create_archive = exp.Create(
+        this=archive.copy(), kind="TABLE", expression=per_window.copy().limit(0)
+    ).sql("postgres")
+    archive_index = exp.Create(
+        this=exp.Index(
+            this=exp.to_identifier(f"{naming.serial_archive_table(name)}_window"),
+            table=archive.copy(),
+            params=exp.IndexParameters(columns=[exp.Ordered(this=window_column.copy())]),
+        ),
+        kind="INDEX",
+    ).sql("postgres")
     source = window.source
     raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
     return DerivedStreamPlan(
@@ -92,12 +205,16 @@ def build_serial(
         partial_query="",
         partial_input="",
         partial_columns=(),
-        create_statements=(create_view(name, named),),
-        drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
+        create_statements=(create_archive, archive_index, create_view(name, view)),
+        drop_statements=(
+            drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
+            drop("TABLE", archive.copy()),
+        ),
         reduce_query="",
         reduce_statement="",
-        view_query=named.sql("postgres"),
+        view_query=view.sql("postgres"),
         outputs=tuple(outputs),
         aggregates=(),
         raw_sources=raw_sources,
+        serial=serial,
     )

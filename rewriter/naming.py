@@ -28,6 +28,7 @@ RUN_ROWS_VIEW = "strata_run_rows"
 MAX_STREAM_NAME = 50
 _STREAM_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED_PREFIX = "strata_"
+_SYSTEM_PREFIX = "pg_"
 
 
 def check_stream_name(name: str) -> str:
@@ -41,6 +42,12 @@ def check_stream_name(name: str) -> str:
         raise InvalidSQL(
             f"invalid stream name {name!r}: the prefix {_RESERVED_PREFIX!r} is reserved"
         )
+    if name.startswith(_SYSTEM_PREFIX):
+        # PostgreSQL looks in pg_catalog first: a view public.pg_class would be hidden.
+        raise InvalidSQL(
+            f"invalid stream name {name!r}: the prefix {_SYSTEM_PREFIX!r} is PostgreSQL's "
+            "(its system catalogs would hide the stream's view)"
+        )
     return name
 
 
@@ -50,7 +57,7 @@ def check_column_name(name: str) -> str:
             f"invalid column name {name!r}: use lower-case letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"
         )
-    if name in (RUN_COLUMN, WINDOW_START_COLUMN, WINDOW_END_COLUMN):
+    if name in (RUN_COLUMN, WINDOW_START_COLUMN, WINDOW_END_COLUMN, SERIAL_WINDOW_COLUMN):
         raise InvalidSQL(f"invalid column name {name!r}: it is reserved by Strata")
     return name
 
@@ -79,3 +86,18 @@ def key_column(index: int) -> str:
 
 def state_column(aggregate_index: int, state: str) -> str:
     return f"agg_{aggregate_index}_{state}"
+
+
+def serial_archive_table(stream: str) -> str:
+    """Archive of a serial stream: its rows for the windows already materialized."""
+    return f"{stream}__serial"
+
+
+# Column of a serial archive holding the start of the window a row belongs to.
+SERIAL_WINDOW_COLUMN = "strata_window"
+# Transaction-local settings passing the windows to the serial statements (their SQL embeds
+# the user's expressions, which may hold a literal '%', so they take no placeholders).
+SERIAL_WINDOWS_SETTING = "strata.serial_windows"  # timestamptz[]: the windows to (re)compute
+SERIAL_FROM_SETTING = "strata.serial_from"  # timestamptz: first window start to list
+SERIAL_TO_SETTING = "strata.serial_to"  # timestamptz: list windows starting before this
+SERIAL_LIMIT_SETTING = "strata.serial_limit"  # integer: list at most this many windows

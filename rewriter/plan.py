@@ -63,6 +63,17 @@ class PlannedAggregate:
 
 
 @dataclass(frozen=True)
+class SerialStatements:
+    """How the workers keep a serial stream's archive: list the windows with source data
+    in a range, delete a set of windows' rows, and compute them from the consolidated source
+    (the view reads the archive for materialized windows not awaiting repair)."""
+
+    windows_query: str  # window starts in [SERIAL_FROM, SERIAL_TO), at most SERIAL_LIMIT
+    delete_statement: str  # the rows of the windows in SERIAL_WINDOWS
+    insert_statement: str  # the windows in SERIAL_WINDOWS, computed from the source
+
+
+@dataclass(frozen=True)
 class DerivedStreamPlan:
     """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL) parts,
     or, for a serial (SP) stream, a view over the consolidated source."""
@@ -89,6 +100,10 @@ class DerivedStreamPlan:
     outputs: tuple[OutputColumn, ...]
     aggregates: tuple[PlannedAggregate, ...]
     raw_sources: tuple[str, ...]  # the raw streams whose runs feed this stream
+    # Serial streams only (empty for PP): PostgreSQL statements of the workers that
+    # materialize closed windows into the stream's archive and repair them after late data.
+    # They read their parameters from transaction-local settings (naming.SERIAL_*_SETTING).
+    serial: SerialStatements | None = None
     kind: str = field(default="derived", init=False)
 
     @property

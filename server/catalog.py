@@ -101,6 +101,31 @@ backfill_runs = sa.Table(
     sa.Column("rows", sa.BigInteger),
 )
 
+serial_progress = sa.Table(
+    "serial_progress",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("materialized_until", sa.DateTime(timezone=True)),
+    sa.Column("windows", sa.BigInteger),
+    sa.Column("updated_at", sa.DateTime(timezone=True)),
+)
+corrections = sa.Table(
+    "corrections",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("late_rows", sa.BigInteger),
+    sa.Column("noted_at", sa.DateTime(timezone=True)),
+)
+window_revisions = sa.Table(
+    "window_revisions",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("revisions", sa.BigInteger),
+    sa.Column("repaired_at", sa.DateTime(timezone=True)),
+)
+
 
 def sqlalchemy_url(database_url: str) -> str:
     """postgresql://... as psql spells it -> the SQLAlchemy URL for the psycopg 3 driver."""

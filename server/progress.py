@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -24,11 +25,15 @@ from server import catalog
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _micros(moment: datetime | None) -> int | None:
+@overload
+def micros(moment: datetime) -> int: ...
+@overload
+def micros(moment: None) -> None: ...
+def micros(moment: datetime | None) -> int | None:
     return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
 
 
-def _moment(micros: int) -> datetime:
+def moment(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
 
 
@@ -48,7 +53,7 @@ def record_progress(
         .where(progress.c.stream == raw.name)
         .with_for_update()
     ).one()
-    watermark = _micros(state.watermark)
+    watermark = micros(state.watermark)
     max_lateness = state.max_lateness
     times = data[raw.event_time].cast(pa.int64()).to_numpy()
     runs = data[RUN_COLUMN].to_numpy()
@@ -79,7 +84,7 @@ def record_progress(
         sa.update(progress)
         .where(progress.c.stream == raw.name)
         .values(
-            watermark=_moment(watermark) if watermark is not None else None,
+            watermark=moment(watermark) if watermark is not None else None,
             rows=progress.c.rows + int(times.size),
             runs=progress.c.runs + len(seqs),
             late_rows=progress.c.late_rows + late_rows,
@@ -94,7 +99,7 @@ def record_progress(
             [
                 {
                     "stream": stream,
-                    "window_start": _moment(start),
+                    "window_start": moment(start),
                     "late_rows": count,
                     "late_runs": window_runs[(stream, start)],
                     "last_late_at": sa.func.now(),

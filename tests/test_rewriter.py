@@ -28,6 +28,7 @@ SECTIONS = (
     "reduce_query",
     "reduce_statement",
     "create_statements",
+    "serial_statements",
 )
 
 
@@ -50,6 +51,18 @@ def _render(plan: DerivedStreamPlan) -> dict[str, str]:
         "reduce_query": plan.reduce_query + ";",
         "reduce_statement": plan.reduce_statement + ";",
         "create_statements": "\n".join(s + ";" for s in plan.create_statements),
+        "serial_statements": "\n".join(
+            s + ";"
+            for s in (
+                (
+                    plan.serial.windows_query,
+                    plan.serial.delete_statement,
+                    plan.serial.insert_statement,
+                )
+                if plan.serial
+                else ()
+            )
+        ),
     }
 
 

@@ -1,0 +1,281 @@
+"""Serial (SP) streams kept in an archive: materialized when their windows close, repaired
+after late data (seeds/003).
+
+A serial stream's view reads its archive for the windows materialized and not awaiting
+repair, and computes every other window on read from the consolidated source (see
+rewriter/build_serial.py), so what the workers do never changes a view's result:
+
+- The *materializer* advances ``serial_progress.materialized_until`` window by window once
+  the watermarks of the raw sources have passed the windows' ends, writing each window's
+  rows in the same transaction.
+- A run committing rows into windows already materialized records them in
+  ``corrections`` inside the run's own commit transaction (see ``record_corrections``),
+  for every serial stream the rows reach, however many streams lie between.
+- The *repairer* recomputes exactly the corrected windows, counts a revision for each in
+  ``window_revisions``, and strikes the corrections off, in one transaction.
+
+Locks keep the three consistent: the materializer holds the stream's ``serial_progress``
+row FOR UPDATE before it reads the source; a commit reads the row FOR SHARE, so it either
+commits before the materializer reads (its rows are in the window) or sees the new bound
+(and records a correction). The repairer locks the correction rows it repairs; a commit
+adding to one of them waits, and records it again after the repair.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from rewriter import naming
+from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan, StreamPlan
+from server import catalog
+from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
+from server.progress import micros, moment
+from server.workers import Worker
+
+
+def serial_streams(records: dict[str, StreamRecord], raw: str) -> list[DerivedStreamPlan]:
+    """Serial streams whose results the runs of raw stream ``raw`` reach, in creation order."""
+    return [
+        r.plan
+        for r in records.values()
+        if isinstance(r.plan, DerivedStreamPlan)
+        and r.plan.serial is not None
+        and raw in r.plan.raw_sources
+    ]
+
+
+def window_starts(times: np.ndarray, chain: list[ComputedPlan]) -> np.ndarray:
+    """The windows of the last stream in ``chain`` (raw side first) that rows with event
+    times ``times`` (µs) fall in, one entry per row and window. Each stream places a row of
+    its source by the start of the source's window."""
+    for plan in chain:
+        if isinstance(plan, ProjectionStreamPlan):
+            continue  # a projection passes its source's event time through unchanged
+        slide, size = plan.window_slide_us, plan.window_size_us
+        first = times - np.mod(times, slide)
+        times = np.concatenate([first - k * slide for k in range(size // slide)])
+    return times
+
+
+def record_corrections(
+    connection: sa.Connection,
+    records: dict[str, StreamRecord],
+    raw: RawStreamPlan,
+    data: pa.Table,
+) -> None:
+    """In a run's commit transaction: note the materialized windows of serial streams that
+    the committed rows ``data`` of ``raw`` change."""
+    plans = serial_streams(records, raw.name)
+    if not plans or data.num_rows == 0:
+        return
+    progress = catalog.serial_progress
+    bounds = {
+        row.stream: row.materialized_until
+        for row in connection.execute(
+            sa.select(progress.c.stream, progress.c.materialized_until)
+            .where(progress.c.stream.in_([p.name for p in plans]))
+            .order_by(progress.c.stream)
+            .with_for_update(read=True)
+        )
+        if row.materialized_until is not None
+    }
+    if not bounds:
+        return
+    times = data[raw.event_time].cast(pa.int64()).to_numpy()
+    corrections = []
+    for plan in plans:
+        until = bounds.get(plan.name)
+        if until is None:
+            continue
+        starts = window_starts(times, lineage(records, plan))
+        starts = starts[starts < micros(until)]
+        for start, count in zip(*np.unique(starts, return_counts=True), strict=True):
+            corrections.append(
+                {"stream": plan.name, "window_start": moment(int(start)), "late_rows": int(count)}
+            )
+    if not corrections:
+        return
+    table = catalog.corrections
+    upsert = postgresql.insert(table).values(corrections)
+    connection.execute(
+        upsert.on_conflict_do_update(
+            index_elements=[table.c.stream, table.c.window_start],
+            set_={"late_rows": table.c.late_rows + upsert.excluded.late_rows},
+        )
+    )
+
+
+def _set(driver: object, name: str, value: str) -> None:
+    driver.execute("SELECT set_config(%s, %s, true)", (name, value))  # type: ignore[attr-defined]
+
+
+def _windows_literal(windows: list[datetime]) -> str:
+    return "{" + ",".join(w.isoformat() for w in windows) + "}"
+
+
+def _recompute(driver: object, plan: DerivedStreamPlan, windows: list[datetime]) -> None:
+    """Replace the archived rows of ``windows`` with their current results."""
+    assert plan.serial is not None
+    _set(driver, naming.SERIAL_WINDOWS_SETTING, _windows_literal(windows))
+    driver.execute(plan.serial.delete_statement)  # type: ignore[attr-defined]
+    driver.execute(plan.serial.insert_statement)  # type: ignore[attr-defined]
+
+
+class _SerialWorker(Worker):
+    def applies_to(self, plan: StreamPlan) -> bool:
+        return isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+
+
+class Materializer(_SerialWorker):
+    """Writes the windows of serial streams into their archives once they are closed."""
+
+    name = "materializer"
+
+    def __init__(
+        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
+    ) -> None:
+        super().__init__(engine, plans, interval=interval, batch=batch)
+
+    def step(self, plan: StreamPlan) -> int:
+        assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+        progress = catalog.serial_progress
+        with self.engine.begin() as connection:
+            connection.execute(
+                postgresql.insert(progress).values(stream=plan.name).on_conflict_do_nothing()
+            )
+            until = connection.execute(
+                sa.select(progress.c.materialized_until)
+                .where(progress.c.stream == plan.name)
+                .with_for_update()
+            ).scalar_one()
+            closed = self._closed(connection, plan)
+            if closed is None or (until is not None and until >= closed):
+                return 0
+            driver = connection.connection.driver_connection
+            _set(driver, naming.SERIAL_FROM_SETTING, until.isoformat() if until else "-infinity")
+            _set(driver, naming.SERIAL_TO_SETTING, closed.isoformat())
+            _set(driver, naming.SERIAL_LIMIT_SETTING, str(self.batch))
+            windows = [row[0] for row in driver.execute(plan.serial.windows_query)]  # type: ignore[union-attr]
+            if windows:
+                _recompute(driver, plan, windows)
+            full = len(windows) >= self.batch
+            reached = moment(micros(windows[-1]) + plan.window_size_us) if full else closed
+            connection.execute(
+                sa.update(progress)
+                .where(progress.c.stream == plan.name)
+                .values(
+                    materialized_until=reached,
+                    windows=progress.c.windows + len(windows),
+                    updated_at=sa.func.now(),
+                )
+            )
+            return len(windows)
+
+    def _closed(self, connection: sa.Connection, plan: DerivedStreamPlan) -> datetime | None:
+        """Start of the first window not closed yet: every window before it ended behind the
+        watermarks of all raw sources, and no stream it reads is still back-filling."""
+        records = self.plans.load(connection)
+        names = [p.name for p in lineage(records, plan)]
+        backfilling = connection.execute(
+            sa.select(sa.func.count())
+            .select_from(catalog.backfills)
+            .where(catalog.backfills.c.stream.in_(names), catalog.backfills.c.finished_at.is_(None))
+        ).scalar_one()
+        if backfilling:
+            return None
+        marks = connection.execute(
+            sa.select(catalog.stream_progress.c.watermark).where(
+                catalog.stream_progress.c.stream.in_(plan.raw_sources)
+            )
+        ).scalars()
+        known = [m for m in marks if m is not None]
+        if len(known) < len(plan.raw_sources):
+            return None
+        bound = micros(min(known))
+        return moment(bound - bound % plan.window_size_us)
+
+
+class Repairer(_SerialWorker):
+    """Recomputes the archived windows of serial streams that late data changed."""
+
+    name = "repair"
+
+    def __init__(
+        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
+    ) -> None:
+        super().__init__(engine, plans, interval=interval, batch=batch)
+
+    def step(self, plan: StreamPlan) -> int:
+        assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+        corrections, revisions = catalog.corrections, catalog.window_revisions
+        with self.engine.begin() as connection:
+            windows = list(
+                connection.execute(
+                    sa.select(corrections.c.window_start)
+                    .where(corrections.c.stream == plan.name)
+                    .order_by(corrections.c.window_start)
+                    .limit(self.batch)
+                    .with_for_update()
+                ).scalars()
+            )
+            if not windows:
+                return 0
+            _recompute(connection.connection.driver_connection, plan, windows)
+            upsert = postgresql.insert(revisions).values(
+                [
+                    {
+                        "stream": plan.name,
+                        "window_start": w,
+                        "revisions": 1,
+                        "repaired_at": sa.func.now(),
+                    }
+                    for w in windows
+                ]
+            )
+            connection.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[revisions.c.stream, revisions.c.window_start],
+                    set_={"revisions": revisions.c.revisions + 1, "repaired_at": sa.func.now()},
+                )
+            )
+            connection.execute(
+                sa.delete(corrections).where(
+                    corrections.c.stream == plan.name, corrections.c.window_start.in_(windows)
+                )
+            )
+            return len(windows)
+
+
+def serial_state(connection: sa.Connection, name: str) -> dict[str, object]:
+    """What GET /streams/{name} shows about a serial stream's archive and its repairs."""
+    progress = connection.execute(
+        sa.select(catalog.serial_progress).where(catalog.serial_progress.c.stream == name)
+    ).first()
+    pending = connection.execute(
+        sa.select(
+            sa.func.count(), sa.func.coalesce(sa.func.sum(catalog.corrections.c.late_rows), 0)
+        ).where(catalog.corrections.c.stream == name)
+    ).one()
+    revisions = catalog.window_revisions
+    revised = connection.execute(
+        sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(revisions.c.revisions), 0),
+            sa.func.max(revisions.c.repaired_at),
+        ).where(revisions.c.stream == name)
+    ).one()
+    until = progress.materialized_until if progress else None
+    return {
+        "materialized_until": until.isoformat() if until else None,
+        "windows_materialized": progress.windows if progress else 0,
+        "windows_awaiting_repair": int(pending[0]),
+        "late_rows_awaiting_repair": int(pending[1]),
+        "windows_revised": int(revised[0]),
+        "revisions": int(revised[1]),
+        "last_repaired_at": revised[2].isoformat() if revised[2] else None,
+    }

@@ -1,0 +1,295 @@
+"""Serial (SP) streams: windows materialized when they close, late data recorded as
+corrections and repaired, and every view exact at every instant, across two levels."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.reducer import Reducer
+from server.serial import Materializer, Repairer
+from tests.conftest import Strata
+
+START = datetime(2024, 6, 1, tzinfo=UTC)
+RAW = "CREATE STREAM {ev} (campaign text, user_id bigint, t timestamptz) WITH (event_time = 't')"
+STREAMS = {
+    # PP: counts per campaign and minute.
+    "per_minute": (
+        "SELECT campaign, count(*) AS n, window_end AS t FROM TUMBLE({ev}, t, INTERVAL "
+        "'1 minute') GROUP BY campaign, window_end"
+    ),
+    # SP, level 1: MAX over COUNT, a gather point.
+    "top_per_5": (
+        "SELECT max(n) AS top, count(*) AS campaigns, window_end AS t FROM TUMBLE({per_minute}, "
+        "t, INTERVAL '5 minutes') GROUP BY window_end"
+    ),
+    # SP, level 2: over a serial stream, with HAVING over its final values.
+    "busy_per_15": (
+        "SELECT max(top) AS top, sum(campaigns) AS campaigns, window_start FROM "
+        "TUMBLE({top_per_5}, t, INTERVAL '15 minutes') GROUP BY window_start HAVING max(top) > 3"
+    ),
+}
+SERIAL = ("top_per_5", "busy_per_15")
+EXAMPLES = itertools.count()  # fresh stream names for each property example
+
+
+def _minute(column: str, seconds: int) -> str:
+    return f"to_timestamp(floor(extract(epoch FROM {column}) / {seconds}) * {seconds})"
+
+
+def oracles(ev: str) -> dict[str, str]:
+    """Each stream as one plain GROUP BY over the raw archive."""
+    counts = (
+        f"SELECT campaign, count(*) AS n, {_minute('t', 60)} AS w FROM {ev} GROUP BY campaign, w"
+    )
+    tops = (
+        f"SELECT max(n) AS top, count(*) AS campaigns, {_minute('w', 300)} AS w5 "
+        f"FROM ({counts}) c GROUP BY w5"
+    )
+    return {
+        "per_minute": f"SELECT campaign, n, w + interval '1 minute' FROM ({counts}) c",
+        "top_per_5": f"SELECT top, campaigns, w5 + interval '5 minutes' FROM ({tops}) x",
+        "busy_per_15": (
+            f"SELECT max(top), sum(campaigns), {_minute('w5', 900)} AS w15 FROM ({tops}) x "
+            "GROUP BY w15 HAVING max(top) > 3"
+        ),
+    }
+
+
+class Streams:
+    """One set of the streams above, under names of its own (property examples share a db)."""
+
+    def __init__(self, strata: Strata, suffix: str = "") -> None:
+        self.strata = strata
+        self.names = {name: f"{name}{suffix}" for name in ("ev", *STREAMS)}
+        strata.create(RAW.format(ev=self.names["ev"]))
+        for name, query in STREAMS.items():
+            strata.create(f"CREATE STREAM {self.names[name]} AS {query.format(**self.names)}")
+        self.oracles = oracles(self.names["ev"])
+        engine, plans = strata.service.engine, strata.service.plans
+        self.materializer = Materializer(engine, plans, batch=4)
+        self.repairer = Repairer(engine, plans, batch=3)
+        self.reducer = Reducer(engine, plans, min_rows=1, max_groups=5)
+
+    def ingest(self, minutes: list[float], rng: random.Random) -> None:
+        lines = [
+            json.dumps(
+                {
+                    "campaign": rng.choice("abc"),
+                    "user_id": rng.randrange(10),
+                    "t": (START + timedelta(minutes=m)).isoformat(),
+                }
+            )
+            for m in minutes
+        ]
+        self.strata.ingest(self.names["ev"], "\n".join(lines) + "\n")
+
+    def wrong(self, connection: psycopg.Connection) -> list[str]:
+        """Streams whose view differs from its oracle, all read in one snapshot."""
+        wrong = []
+        with connection.transaction():
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for name, oracle in self.oracles.items():
+                view = connection.execute(f"SELECT * FROM {self.names[name]}").fetchall()
+                expected = connection.execute(oracle).fetchall()
+                if sorted(map(repr, view)) != sorted(map(repr, expected)):
+                    wrong.append(name)
+        return wrong
+
+    def archive(self, name: str) -> list[tuple]:
+        """The archived rows of a serial stream (what a view reads for materialized windows)."""
+        columns = "top, campaigns, " + ("t" if name == "top_per_5" else "window_start")
+        return sorted(
+            self.strata.query(f"SELECT {columns} FROM strata_internal.{self.names[name]}__serial"),
+            key=repr,
+        )
+
+    def expected(self, name: str, *, archived: bool = False) -> list[tuple]:
+        """The oracle's rows; with ``archived``, only those of windows materialized."""
+        rows = self.strata.query(self.oracles[name])
+        if archived:
+            until = self.state(name)["materialized_until"]
+            bound = datetime.fromisoformat(str(until)) if until else START - timedelta(days=1)
+            ends = name == "top_per_5"  # shows window_end; busy_per_15 shows window_start
+            width = timedelta(minutes=5) if ends else timedelta(0)
+            rows = [r for r in rows if r[2] - width < bound]
+        return sorted(rows, key=repr)
+
+    def state(self, name: str) -> dict[str, object]:
+        response = self.strata.client.get(f"/streams/{self.names[name]}")
+        return response.json()["progress"]["serial"]  # type: ignore[no-any-return]
+
+
+def test_closed_windows_are_archived_and_late_data_repaired_across_two_levels(
+    strata: Strata,
+) -> None:
+    streams = Streams(strata)
+    rng = random.Random(7)
+    streams.ingest([rng.uniform(0, 60) for _ in range(300)] + [60.0], rng)
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        assert streams.wrong(connection) == []
+        # Watermark at 60 minutes: top_per_5 has 12 closed windows, busy_per_15 4.
+        while sum(streams.materializer.run_once().values()):
+            pass
+        for name in SERIAL:
+            assert streams.archive(name) == streams.expected(name, archived=True)
+        assert len(streams.archive("top_per_5")) == 12
+        assert streams.state("top_per_5")["materialized_until"] == "2024-06-01T01:00:00+00:00"
+        assert streams.state("top_per_5")["windows_materialized"] == 12
+        assert streams.state("busy_per_15")["materialized_until"] == "2024-06-01T01:00:00+00:00"
+        assert streams.wrong(connection) == []
+
+        # Late rows, all in one campaign so the maxima move, into closed windows 5 and 30.
+        late = [6.5] * 40 + [33.0] * 40
+        streams.strata.ingest(
+            streams.names["ev"],
+            "".join(
+                json.dumps(
+                    {"campaign": "z", "user_id": 1, "t": (START + timedelta(minutes=m)).isoformat()}
+                )
+                + "\n"
+                for m in late
+            ),
+        )
+        # Exact at once, before any repair: the changed windows are computed on read...
+        assert streams.wrong(connection) == []
+        # ...while the archive still holds what they were (the test can fail).
+        for name in SERIAL:
+            assert streams.archive(name) != streams.expected(name, archived=True)
+        assert sorted(
+            strata.query("SELECT stream, window_start, late_rows FROM strata_catalog.corrections")
+        ) == [
+            ("busy_per_15", START, 40),
+            ("busy_per_15", START + timedelta(minutes=30), 40),
+            ("top_per_5", START + timedelta(minutes=5), 40),
+            ("top_per_5", START + timedelta(minutes=30), 40),
+        ]
+        assert streams.state("top_per_5")["windows_awaiting_repair"] == 2
+
+        assert streams.repairer.run_once() == {"top_per_5": 2, "busy_per_15": 2}
+        for name in SERIAL:
+            assert streams.archive(name) == streams.expected(name, archived=True)
+        assert strata.query("SELECT count(*) FROM strata_catalog.corrections") == [(0,)]
+        assert streams.wrong(connection) == []
+
+        # Again into window 5: its second revision.
+        streams.ingest([7.0, 8.0], rng)
+        streams.repairer.run_once()
+        assert streams.state("top_per_5") | {"last_repaired_at": None} == {
+            "materialized_until": "2024-06-01T01:00:00+00:00",
+            "windows_materialized": 12,
+            "windows_awaiting_repair": 0,
+            "late_rows_awaiting_repair": 0,
+            "windows_revised": 2,
+            "revisions": 3,
+            "last_repaired_at": None,
+        }
+        assert strata.query(
+            "SELECT revisions FROM strata_catalog.window_revisions "
+            "WHERE stream = 'top_per_5' AND window_start = %s",
+            START + timedelta(minutes=5),
+        ) == [(2,)]
+        assert streams.wrong(connection) == []
+
+
+def test_described_with_its_archive(strata: Strata) -> None:
+    Streams(strata)
+    described = strata.client.get("/streams/top_per_5").json()
+    assert described["parallelism"] == "SP"
+    ddl = " ".join(described["rewrite"]["ddl"])
+    assert "strata_internal" in ddl and "top_per_5__serial" in ddl
+    assert "strata_serial_corrected" in described["rewrite"]["view_sql"].lower()
+    assert described["progress"]["serial"]["materialized_until"] is None
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    st.lists(st.floats(0, 90), min_size=1, max_size=120),
+    st.integers(1, 6),
+    st.lists(st.sampled_from(["materialize", "repair", "reduce", "check"]), max_size=12),
+    st.randoms(use_true_random=False),
+)
+def test_exact_whatever_the_order_of_runs_and_workers(
+    module_strata: Strata,
+    minutes: list[float],
+    splits: int,
+    actions: list[str],
+    rng: random.Random,
+) -> None:
+    """Rows split into runs, shuffled (so much of it arrives late), with the workers run
+    between runs in any order: every view equals its oracle at every check and at the end,
+    and once the workers have caught up, the archives do too."""
+    streams = Streams(module_strata, suffix=f"_{next(EXAMPLES)}")
+    rng.shuffle(minutes)
+    runs = [minutes[i::splits] for i in range(splits) if minutes[i::splits]]
+    with psycopg.connect(module_strata.database_url, autocommit=True) as connection:
+        for index, run in enumerate(runs):
+            streams.ingest(run, rng)
+            for action in actions[index :: len(runs)]:
+                if action == "materialize":
+                    streams.materializer.run_once()
+                elif action == "repair":
+                    streams.repairer.run_once()
+                elif action == "reduce":
+                    streams.reducer.run_once()
+                assert streams.wrong(connection) == []
+        assert streams.wrong(connection) == []
+        while sum(streams.materializer.run_once().values()):
+            pass
+        streams.repairer.run_once()
+        for name in SERIAL:
+            assert streams.archive(name) == streams.expected(name, archived=True)
+        assert streams.wrong(connection) == []
+
+
+def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata) -> None:
+    """Late runs keep coming while the materializer, the repairer and the reducer run
+    without pause; a reader compares every view with its oracle in one snapshot, again
+    and again."""
+    streams = Streams(strata)
+    rng = random.Random(3)
+    streams.ingest([rng.uniform(0, 60) for _ in range(200)], rng)
+    stop = threading.Event()
+    reads: list[list[str]] = []
+    done: dict[str, int] = {"materializer": 0, "repair": 0, "reducer": 0}
+
+    def read() -> None:
+        with psycopg.connect(strata.database_url, autocommit=True) as connection:
+            while not stop.is_set():
+                reads.append(streams.wrong(connection))
+
+    def work() -> None:
+        while not stop.is_set():
+            for worker in (streams.materializer, streams.repairer, streams.reducer):
+                done[worker.name] += sum(worker.run_once().values())
+
+    threads = [threading.Thread(target=read), threading.Thread(target=work)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(12):
+            # Mostly late: anywhere in the hour already seen, a little beyond it.
+            streams.ingest([rng.uniform(0, 70) for _ in range(40)], rng)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert len(reads) > 10, "the reader must have looked many times"
+    assert done["materializer"] > 0 and done["repair"] > 0 and done["reducer"] > 0, done
+    assert [r for r in reads if r] == []
+    while sum(streams.materializer.run_once().values()):
+        pass
+    streams.repairer.run_once()
+    for name in SERIAL:
+        assert streams.archive(name) == streams.expected(name, archived=True)
