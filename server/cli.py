@@ -32,16 +32,33 @@ def up(args: argparse.Namespace) -> int:
 
     from server.api.app import create_app
     from server.runtime import running
+    from server.security import SecretSettingError, Tokens, redacted_url, secret
 
     settings = _settings(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        # Secrets are checked before anything starts: a token file that is missing fails fast.
+        tokens = Tokens.from_settings(settings)
+        secret(settings, "reader_password")
+    except SecretSettingError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 2
+    if not tokens.enabled and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("strata").warning(
+            "no API token is set (STRATA_API_TOKEN): every endpoint is open to whoever "
+            "reaches %s:%d",
+            settings.host,
+            settings.port,
+        )
     with running(settings) as runtime:
         details = runtime.info()
         app = create_app(runtime.service, settings, details)
-        print(json.dumps(details), flush=True)
+        # The console is a log: no password of the database URL (GET /info has it).
+        shown = details | {"database_url": redacted_url(str(details["database_url"]))}
+        print(json.dumps(shown), flush=True)
         # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and, once done, raises
         # the signal again for the handler it found installed. That handler must not end
         # the process: `running` still has to stop the worker, Spark and PostgreSQL.
@@ -63,13 +80,27 @@ def backfill_status(args: argparse.Namespace) -> int:
     import httpx
 
     from server.runtime import stored_info
+    from server.security import secret
 
-    base = str(stored_info(_settings(args)).get("http") or "http://127.0.0.1:8080")
-    streams = httpx.get(f"{base}/streams", timeout=30).json()
+    settings = _settings(args)
+    base = str(stored_info(settings).get("http") or "http://127.0.0.1:8080")
+    # The same environment as `strata up`: its full or read token, if any.
+    token = secret(settings, "api_token") or secret(settings, "read_token")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(f"{base}/streams", headers=headers, timeout=30)
+    if response.status_code in (401, 403):
+        print(
+            f"strata: {response.json().get('error')} (set STRATA_API_TOKEN or STRATA_READ_TOKEN)",
+            file=sys.stderr,
+        )
+        return 1
+    streams = response.json()
     for stream in streams:
         if stream["kind"] == "raw":
             continue
-        progress = httpx.get(f"{base}/streams/{stream['name']}", timeout=30).json()["progress"]
+        progress = httpx.get(
+            f"{base}/streams/{stream['name']}", headers=headers, timeout=30
+        ).json()["progress"]
         backfill = progress.get("backfill")
         if backfill is None:
             continue

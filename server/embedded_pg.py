@@ -47,6 +47,21 @@ SYSTEM_USER = "strata_pg"
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
 
+# Put at the top of pg_hba.conf at every start (first match wins), above initdb's "trust
+# everyone" lines, which existing data dirs still have: the superuser Strata connects as
+# stays trusted on loopback (its URL has no password, as `strata info` prints it), every
+# other role - strata_reader for dashboards, roles an operator creates - needs its password.
+HBA_BEGIN = "# BEGIN strata: managed by Strata, rewritten at every start"
+HBA_END = "# END strata"
+HBA_RULES = (
+    f"local   all  {SUPERUSER}                 trust",
+    f"host    all  {SUPERUSER}  127.0.0.1/32   trust",
+    f"host    all  {SUPERUSER}  ::1/128        trust",
+    "local   all  all                      scram-sha-256",
+    "host    all  all       127.0.0.1/32   scram-sha-256",
+    "host    all  all       ::1/128        scram-sha-256",
+)
+
 # Written into postgresql.conf by initdb, so an operator can still edit them afterwards.
 SERVER_SETTINGS = {
     "max_connections": "100",
@@ -132,11 +147,13 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self._exclusive():
             running = self._find_running()
+            reload = False
             if running is not None:
                 self._pid, self._port = running
                 log.info(
                     "Reusing PostgreSQL (pid %d) already running on %s", self._pid, self.pgdata
                 )
+                reload = self._ensure_hba()
                 if self._requested_port not in (None, self._port):
                     log.warning(
                         "PostgreSQL on %s already runs on port %d, not on %d",
@@ -146,7 +163,7 @@ class EmbeddedPostgres:
                     )
             else:
                 self._start_new()
-            self._ensure_database()
+            self._ensure_database(reload=reload)
         return self.url
 
     def stop(self) -> None:
@@ -207,6 +224,7 @@ class EmbeddedPostgres:
         port = self._choose_port()
         if not self.pgdata.exists():
             self._initdb(run_as)
+        self._ensure_hba()
         self._remove_foreign_lock_files()
 
         socket_path = self.data_dir / f".s.PGSQL.{port}"
@@ -310,7 +328,31 @@ class EmbeddedPostgres:
                 log.info("Removing stale %s (pid %d is not our PostgreSQL)", path, pid)
                 path.unlink(missing_ok=True)
 
-    def _ensure_database(self) -> None:
+    def _ensure_hba(self) -> bool:
+        """Put Strata's rules at the top of pg_hba.conf; True if the file changed."""
+        path = self.pgdata / "pg_hba.conf"
+        current = path.read_text()
+        lines = current.splitlines()
+        if HBA_BEGIN in lines and HBA_END in lines[lines.index(HBA_BEGIN) :]:
+            start = lines.index(HBA_BEGIN)
+            end = lines.index(HBA_END, start)
+            lines = lines[:start] + lines[end + 1 :]
+        wanted = "\n".join([HBA_BEGIN, *HBA_RULES, HBA_END, *lines]) + "\n"
+        if wanted == current:
+            return False
+        # Written beside it and renamed over it: a crash never leaves a half-written file,
+        # which would keep PostgreSQL from starting. Same owner and mode (we may be root).
+        st = path.stat()
+        scratch = path.with_name("pg_hba.conf.strata")
+        scratch.write_text(wanted)
+        os.chmod(scratch, stat.S_IMODE(st.st_mode))
+        if os.geteuid() == 0:
+            os.chown(scratch, st.st_uid, st.st_gid)
+        scratch.replace(path)
+        log.info("Updated the client authentication rules in %s", path)
+        return True
+
+    def _ensure_database(self, *, reload: bool = False) -> None:
         admin_url = f"postgresql://{SUPERUSER}@{HOST}:{self._port}/postgres"
         try:
             conn = psycopg.connect(admin_url, autocommit=True, connect_timeout=10)
@@ -320,6 +362,8 @@ class EmbeddedPostgres:
                 f"{admin_url} failed: {exc}\n{self._log_tail()}"
             ) from exc
         with conn:
+            if reload:  # pg_hba.conf changed under a running server
+                conn.execute("SELECT pg_reload_conf()")
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
             ).fetchone()

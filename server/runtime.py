@@ -16,6 +16,7 @@ from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
 from server.reducer import Reducer
 from server.retention import Retention
+from server.security import configure_reader, secret
 from server.service import StrataService
 from server.settings import Settings
 from server.spark import create_spark_session, stop_spark_session
@@ -60,6 +61,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
     retention = None
     try:
         migrate(engine)
+        configure_reader(engine, secret(settings, "reader_password"))
         log.info("starting Spark (%s)", settings.spark_master or "local")
         spark = create_spark_session(
             settings.spark_master,
@@ -80,7 +82,9 @@ def running(settings: Settings) -> Iterator[Runtime]:
         for worker in (reducer, retention):
             worker.start()
         runtime = Runtime(settings, database_url, engine, service)
-        (settings.data_dir / INFO_FILE).write_text(json.dumps(runtime.info(), indent=2))
+        info_file = settings.data_dir / INFO_FILE
+        info_file.write_text(json.dumps(runtime.info(), indent=2))
+        info_file.chmod(0o600)  # database_url may hold a password
         yield runtime
     finally:
         if retention is not None:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
     """Every setting has help text; tests fail if one is undocumented in the README."""
 
-    model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
+    # hide_input_in_errors: a validation error must not echo a secret's value.
+    model_config = SettingsConfigDict(
+        env_prefix="STRATA_", extra="ignore", hide_input_in_errors=True
+    )
 
     data_dir: Path = Field(
         Path(".strata"),
@@ -50,6 +53,36 @@ class Settings(BaseSettings):
     )
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
+    )
+    # Secrets: SecretStr keeps them out of reprs, tracebacks and logs. Each may instead be
+    # read from a file (the same name with _FILE), e.g. a Docker or Kubernetes secret.
+    api_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for every endpoint but /health, with every scope. Unset "
+        "(and no scoped token set): the API is open.",
+    )
+    api_token_file: Path | None = Field(
+        None, description="File holding STRATA_API_TOKEN (surrounding whitespace ignored)."
+    )
+    ddl_token: SecretStr | None = Field(
+        None, description="Bearer token that may only create, drop and describe streams."
+    )
+    ddl_token_file: Path | None = Field(None, description="File holding STRATA_DDL_TOKEN.")
+    ingest_token: SecretStr | None = Field(
+        None, description="Bearer token that may only post runs and read their status."
+    )
+    ingest_token_file: Path | None = Field(None, description="File holding STRATA_INGEST_TOKEN.")
+    read_token: SecretStr | None = Field(
+        None, description="Bearer token that may only describe streams and read run status."
+    )
+    read_token_file: Path | None = Field(None, description="File holding STRATA_READ_TOKEN.")
+    reader_password: SecretStr | None = Field(
+        None,
+        description="Password of the PostgreSQL role strata_reader (dashboards: SELECT on "
+        "the stream views only), applied at every start. Unset: the role cannot log in.",
+    )
+    reader_password_file: Path | None = Field(
+        None, description="File holding STRATA_READER_PASSWORD."
     )
 
     @property

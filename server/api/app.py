@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Security
 
 from server.api import errors
-from server.api.routes import info, runs, streams
+from server.api.routes import health, info, runs, streams
+from server.api.security import authorize
+from server.security import Tokens
 from server.service import StrataService
 from server.settings import Settings
 
@@ -19,7 +21,11 @@ def create_app(service: StrataService, settings: Settings, details: dict[str, ob
     app.state.service = service
     app.state.settings = settings
     app.state.info = details
+    # Read (token files included) once, at start: a bad secret setting stops the server.
+    app.state.tokens = Tokens.from_settings(settings)
     errors.install(app)
+    app.include_router(health.router)
+    # Every other router, present and future, goes through the token check.
     for module in (streams, runs, info):
-        app.include_router(module.router)
+        app.include_router(module.router, dependencies=[Security(authorize)])
     return app

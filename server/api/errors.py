@@ -15,6 +15,7 @@ from rewriter.errors import (
     UnknownStream,
     UnsupportedSQL,
 )
+from server.api.security import Forbidden, Unauthorized, check_request
 from server.ingest.parse import UnsupportedContentType
 from server.service import NotARawStream, RunConflict
 
@@ -24,6 +25,8 @@ class PayloadTooLarge(StrataError):
 
 
 STATUS: dict[type[StrataError], int] = {
+    Unauthorized: 401,
+    Forbidden: 403,
     InvalidSQL: 400,
     UnsupportedSQL: 400,
     RunFormatError: 400,
@@ -52,10 +55,17 @@ def install(app: FastAPI) -> None:
         )
         if error.position is not None:
             body["line"], body["column"] = error.position
-        return JSONResponse(body, status_code=status_of(error))
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
+        return JSONResponse(body, status_code=status_of(error), headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        # A body FastAPI could not even parse fails before any dependency runs: without a
+        # valid token the answer is still 401/403, not a description of the problem.
+        try:
+            await check_request(request)
+        except StrataError as refused:
+            return await strata_error(request, refused)
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
         )

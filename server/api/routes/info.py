@@ -1,4 +1,4 @@
-"""GET /health and GET /info."""
+"""GET /info."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ from fastapi import APIRouter
 from server.api.deps import InfoDep
 
 router = APIRouter(tags=["server"])
-
-
-@router.get("/health", summary="Liveness")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
 
 
 @router.get("/info", summary="Where Strata's PostgreSQL and Spark are (same as `strata info`)")
