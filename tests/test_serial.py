@@ -7,9 +7,12 @@ import itertools
 import json
 import random
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +99,7 @@ class Streams:
         wrong = []
         with connection.transaction():
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            for name, oracle in self.oracles.items():
+            for name, oracle in list(self.oracles.items()):  # may grow meanwhile
                 view = connection.execute(f"SELECT * FROM {self.names[name]}").fetchall()
                 expected = connection.execute(oracle).fetchall()
                 if sorted(map(repr, view)) != sorted(map(repr, expected)):
@@ -253,13 +256,16 @@ def test_exact_whatever_the_order_of_runs_and_workers(
         assert streams.wrong(connection) == []
 
 
-def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata) -> None:
-    """Late runs keep coming while the materializer, the repairer and the reducer run
-    without pause; a reader compares every view with its oracle in one snapshot, again
-    and again."""
+@pytest.mark.parametrize("seed", [3, 4])
+def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata, seed: int) -> None:
+    """Late runs keep coming while the materializer, the repairer and the reducer run at
+    random moments and a new stream back-fills over the history in small chunks; a reader
+    compares every view with its oracle in one snapshot, again and again (a stream being
+    back-filled joins the comparison once its back-fill is done)."""
     streams = Streams(strata)
-    rng = random.Random(3)
+    rng = random.Random(seed)
     streams.ingest([rng.uniform(0, 60) for _ in range(200)], rng)
+    strata.service.backfiller.chunk_rows = 150
     stop = threading.Event()
     reads: list[list[str]] = []
     done: dict[str, int] = {"materializer": 0, "repair": 0, "reducer": 0}
@@ -270,11 +276,24 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata) -> N
                 reads.append(streams.wrong(connection))
 
     def work() -> None:
+        timing = random.Random(seed)
         while not stop.is_set():
-            for worker in (streams.materializer, streams.repairer, streams.reducer):
-                done[worker.name] += sum(worker.run_once().values())
+            worker = timing.choice([streams.materializer, streams.repairer, streams.reducer])
+            done[worker.name] += sum(worker.run_once().values())
+            time.sleep(timing.uniform(0, 0.05))
 
-    threads = [threading.Thread(target=read), threading.Thread(target=work)]
+    def backfill() -> None:
+        time.sleep(random.Random(seed).uniform(0.5, 3.0))
+        strata.create(
+            "CREATE STREAM per_2 AS SELECT campaign, count(*) AS n, window_start "
+            "FROM TUMBLE(ev, t, INTERVAL '2 minutes') GROUP BY campaign, window_start"
+        )
+        streams.names["per_2"] = "per_2"
+        streams.oracles["per_2"] = (
+            f"SELECT campaign, count(*), {_minute('t', 120)} AS w FROM ev GROUP BY campaign, w"
+        )
+
+    threads = [threading.Thread(target=f) for f in (read, work, backfill)]
     for thread in threads:
         thread.start()
     try:
@@ -282,14 +301,79 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata) -> N
             # Mostly late: anywhere in the hour already seen, a little beyond it.
             streams.ingest([rng.uniform(0, 70) for _ in range(40)], rng)
     finally:
+        threads[2].join()
         stop.set()
         for thread in threads:
             thread.join()
     assert len(reads) > 10, "the reader must have looked many times"
     assert done["materializer"] > 0 and done["repair"] > 0 and done["reducer"] > 0, done
     assert [r for r in reads if r] == []
+    assert "per_2" in streams.oracles
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        assert streams.wrong(connection) == []
     while sum(streams.materializer.run_once().values()):
         pass
     streams.repairer.run_once()
     for name in SERIAL:
         assert streams.archive(name) == streams.expected(name, archived=True)
+
+
+def _interrupt(strata: Strata, work: Callable[[], object], table: str, statement: str) -> None:
+    """Run ``work`` in a thread and kill its PostgreSQL backend while it waits, inside its
+    transaction, to run ``statement`` on ``table`` (held locked meanwhile): the worker dies
+    midway, as in a crash."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as err:  # the killed connection
+            failures.append(err)
+
+    with psycopg.connect(strata.database_url) as blocker:
+        blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # type: ignore[arg-type]
+        thread = threading.Thread(target=run)
+        thread.start()
+        for _ in range(200):
+            waiting = strata.query(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                statement + "%",
+            )
+            if waiting:
+                break
+            time.sleep(0.05)
+        assert waiting, "the worker never reached the statement"
+        strata.query("SELECT pg_terminate_backend(%s)", waiting[0][0])
+        blocker.rollback()
+    thread.join()
+    assert failures, "the worker must have failed"
+
+
+def test_materializer_and_repairer_killed_midway_leave_nothing_half_done(strata: Strata) -> None:
+    streams = Streams(strata)
+    rng = random.Random(11)
+    streams.ingest([rng.uniform(0, 60) for _ in range(200)] + [60.0], rng)
+    archive = "strata_internal.top_per_5__serial"
+    plan = strata.service.stream("top_per_5").plan
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        _interrupt(strata, lambda: streams.materializer.step(plan), archive, "DELETE FROM")
+        assert streams.state("top_per_5")["materialized_until"] is None
+        assert streams.archive("top_per_5") == []
+        assert streams.wrong(connection) == []
+        while sum(streams.materializer.run_once().values()):
+            pass
+        assert len(streams.archive("top_per_5")) == 12
+
+        streams.ingest([12.0] * 30, rng)
+        before = streams.archive("top_per_5")
+        # Killed after rewriting the window in the archive, before counting the revision.
+        revisions = "strata_catalog.window_revisions"
+        _interrupt(strata, lambda: streams.repairer.step(plan), revisions, "INSERT INTO")
+        assert streams.state("top_per_5")["windows_awaiting_repair"] == 1
+        assert streams.state("top_per_5")["revisions"] == 0
+        assert streams.archive("top_per_5") == before
+        assert streams.wrong(connection) == []
+        streams.repairer.run_once()
+        assert streams.state("top_per_5")["revisions"] == 1
+        assert streams.archive("top_per_5") == streams.expected("top_per_5", archived=True)
+        assert streams.wrong(connection) == []
