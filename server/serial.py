@@ -127,6 +127,13 @@ def _recompute(driver: object, plan: DerivedStreamPlan, windows: list[datetime])
 
 
 class _SerialWorker(Worker):
+    """A worker over serial streams; ``batch`` is the most windows one step handles."""
+
+    def __init__(
+        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
+    ) -> None:
+        super().__init__(engine, plans, interval=interval, batch=batch)
+
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, DerivedStreamPlan) and plan.serial is not None
 
@@ -135,11 +142,6 @@ class Materializer(_SerialWorker):
     """Writes the windows of serial streams into their archives once they are closed."""
 
     name = "materializer"
-
-    def __init__(
-        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
-    ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=batch)
 
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None
@@ -204,11 +206,6 @@ class Repairer(_SerialWorker):
     """Recomputes the archived windows of serial streams that late data changed."""
 
     name = "repair"
-
-    def __init__(
-        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
-    ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=batch)
 
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None

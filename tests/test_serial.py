@@ -125,6 +125,15 @@ class Streams:
             rows = [r for r in rows if r[2] - width < bound]
         return sorted(rows, key=repr)
 
+    def settle(self) -> None:
+        """Let the materializer and the repairer catch up; then every archived row is
+        exactly the oracle's."""
+        while sum(self.materializer.run_once().values()):
+            pass
+        self.repairer.run_once()
+        for name in SERIAL:
+            assert self.archive(name) == self.expected(name, archived=True)
+
     def state(self, name: str) -> dict[str, object]:
         response = self.strata.client.get(f"/streams/{self.names[name]}")
         return response.json()["progress"]["serial"]  # type: ignore[no-any-return]
@@ -248,11 +257,7 @@ def test_exact_whatever_the_order_of_runs_and_workers(
                     streams.reducer.run_once()
                 assert streams.wrong(connection) == []
         assert streams.wrong(connection) == []
-        while sum(streams.materializer.run_once().values()):
-            pass
-        streams.repairer.run_once()
-        for name in SERIAL:
-            assert streams.archive(name) == streams.expected(name, archived=True)
+        streams.settle()
         assert streams.wrong(connection) == []
 
 
@@ -311,11 +316,7 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata, seed
     assert "per_2" in streams.oracles
     with psycopg.connect(strata.database_url, autocommit=True) as connection:
         assert streams.wrong(connection) == []
-    while sum(streams.materializer.run_once().values()):
-        pass
-    streams.repairer.run_once()
-    for name in SERIAL:
-        assert streams.archive(name) == streams.expected(name, archived=True)
+    streams.settle()
 
 
 def _interrupt(strata: Strata, work: Callable[[], object], table: str, statement: str) -> None:
