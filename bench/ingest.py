@@ -53,7 +53,7 @@ RAW = "impsns"
 PLAIN = "impsns_plain"
 COLUMNS = "campaign text, user_id bigint, price numeric(12,4), t timestamptz"
 STREAMS = [
-    f"CREATE STREAM {{raw}} ({COLUMNS}) WITH (event_time = 't')",
+    f"CREATE STREAM {{raw}} ({COLUMNS}) WITH (event_time = 't'{{options}})",
     "CREATE STREAM {raw}_1m AS SELECT campaign, count(*) AS c, sum(price) AS revenue, "
     "window_end AS t FROM TUMBLE({raw}, t, INTERVAL '1 minute') GROUP BY campaign, window_end",
     "CREATE STREAM {raw}_5m AS SELECT campaign, avg(price) AS avg_price, "
@@ -78,6 +78,8 @@ ORACLES = {
 }
 HEADER = "campaign,user_id,price,t\n"
 DAY = "2024-01-01"
+DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
 CAMPAIGNS = 100
 LATE_RUN_FRACTION = 0.2
 LATE_ROW_FRACTION = 0.5
@@ -91,6 +93,30 @@ class BenchError(Exception):
 
 
 # ---- data ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """How the runs of a generated workload arrive late (a lateness profile).
+
+    A fraction ``runs`` of the runs are late. With ``delay_ms`` unset, a late run mixes a
+    fraction ``rows`` of rows from anywhere earlier in the span into its own slice (this
+    benchmark's profile). With ``delay_ms = (low, high)``, a late run holds only the rows of
+    its own slice but arrives ``low`` to ``high`` later, after the runs of that much later
+    event time, as a log file held back for hours does. ``jitter_ms`` delays each run's
+    arrival by up to that much, shuffling neighbouring runs; 0 keeps event-time order.
+    """
+
+    runs: float = LATE_RUN_FRACTION
+    rows: float = LATE_ROW_FRACTION
+    delay_ms: tuple[int, int] | None = None
+    jitter_ms: int = 0
+
+
+MIXED = Lateness()
+# 20% of the rows arrive in runs 1-6 hours late; the others up to 15 minutes out of order.
+HOURS_LATE = Lateness(runs=0.2, rows=0.0, delay_ms=(HOUR_MS, 6 * HOUR_MS), jitter_ms=900_000)
+ON_TIME = Lateness(runs=0.0, rows=0.0)
 
 
 @dataclass
@@ -115,14 +141,24 @@ def _timestamp(ms_of_day: int) -> str:
     return f"{DAY}T{hour:02d}:{minute:02d}:{second:02d}.{ms:03d}Z"
 
 
-def generate(rows: int, run_rows: int, seed: int) -> Dataset:
-    """CSV bodies of at most ``run_rows`` rows each; run i covers the i-th slice of the day,
-    and the late runs also carry rows from anywhere before their slice."""
+def generate(
+    rows: int,
+    run_rows: int,
+    seed: int,
+    lateness: Lateness = MIXED,
+    span_ms: int = DAY_MS,
+) -> Dataset:
+    """CSV bodies of at most ``run_rows`` rows each, in arrival order. Run i covers the i-th
+    slice of the first ``span_ms`` of the day; ``lateness`` says which runs are late and how
+    (by default the late runs also carry rows from anywhere before their slice)."""
+    if not 0 < span_ms <= DAY_MS:
+        raise ValueError(f"span_ms must be within one day, not {span_ms}")
     rng = random.Random(seed)
     runs = math.ceil(rows / run_rows)
-    slice_ms = 86_400_000 // runs
-    late = sorted(rng.sample(range(1, runs), round(LATE_RUN_FRACTION * runs))) if runs > 1 else []
+    slice_ms = span_ms // runs
+    late = sorted(rng.sample(range(1, runs), round(lateness.runs * runs))) if runs > 1 else []
     late_set = set(late)
+    mixed = lateness.delay_ms is None
     campaigns = [f"campaign_{i:03d}" for i in range(CAMPAIGNS)]
     bodies: list[bytes] = []
     counts: list[int] = []
@@ -131,7 +167,7 @@ def generate(rows: int, run_rows: int, seed: int) -> Dataset:
         start = run * slice_ms
         lines = [HEADER]
         for _ in range(n):
-            if run in late_set and rng.random() < LATE_ROW_FRACTION:
+            if mixed and run in late_set and rng.random() < lateness.rows:
                 ms = rng.randrange(start)
             else:
                 ms = start + rng.randrange(slice_ms)
@@ -142,7 +178,24 @@ def generate(rows: int, run_rows: int, seed: int) -> Dataset:
             )
         bodies.append("".join(lines).encode())
         counts.append(n)
-    return Dataset(bodies, counts, late)
+    if mixed and not lateness.jitter_ms:
+        return Dataset(bodies, counts, late)
+    # Arrival order: a run arrives when its slice ends, plus its delay if it is late, plus
+    # its jitter.
+    arrives = []
+    for run in range(runs):
+        at = (run + 1) * slice_ms
+        if lateness.delay_ms is not None and run in late_set:
+            at += rng.randint(*lateness.delay_ms)
+        if lateness.jitter_ms:
+            at += rng.randrange(lateness.jitter_ms + 1)
+        arrives.append((at, run))
+    order = [run for _, run in sorted(arrives)]
+    return Dataset(
+        [bodies[run] for run in order],
+        [counts[run] for run in order],
+        [index for index, run in enumerate(order) if run in late_set],
+    )
 
 
 # ---- the server ------------------------------------------------------------------------
@@ -260,9 +313,12 @@ class Timing:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-def create_streams(client: httpx.Client, raw: str) -> None:
+def create_streams(client: httpx.Client, raw: str, delay: str | None = None) -> None:
+    """The raw stream ``raw`` (with the watermark delay ``delay``, e.g. '10 minutes') and its
+    two derived streams."""
+    options = f", delay = '{delay}'" if delay else ""
     for template in STREAMS:
-        response = client.post("/streams", json={"sql": template.format(raw=raw)})
+        response = client.post("/streams", json={"sql": template.format(raw=raw, options=options)})
         if response.status_code != 201:
             raise BenchError(f"creating stream failed: {response.status_code} {response.text}")
 
@@ -321,18 +377,18 @@ def http_clients(base_url: str) -> Iterator[Callable[[], httpx.Client]]:
             client.close()
 
 
-def post_runs(server: Server, data: Dataset, threads: int, mode: str) -> Timing:
-    """Post every body as a run; the clock stops when every run is committed."""
+def post_runs(server: Server, data: Dataset, threads: int, mode: str, raw: str = RAW) -> Timing:
+    """Post every body as a run of ``raw``; the clock stops when every run is committed."""
     wait = mode == "wait"
     latencies: list[float] = []
 
     with http_clients(server.url) as client:
 
         def post(index: int) -> str:
-            run_id = f"bench-{index:05d}"
+            run_id = f"{raw}-{index:05d}"
             started = time.monotonic()
             response = client().post(
-                f"/streams/{RAW}/runs",
+                f"/streams/{raw}/runs",
                 params={"wait": "true" if wait else "false", "run_id": run_id},
                 content=data.bodies[index],
                 headers={"content-type": "text/csv"},
