@@ -60,6 +60,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pyarrow as pa
+from figures import Result, check_scale  # bench/figures.py, next to this script
 from ingest import (  # bench/ingest.py, next to this script
     STOP_TIMEOUT,
     BenchError,
@@ -333,10 +334,16 @@ def log_lines(server: Server, words: tuple[str, ...]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_benchmark(args)[0]
+
+
+def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
+    """The benchmark; returns its exit code and its figure."""
     data_dir = Path(tempfile.mkdtemp(prefix="strata-bench-backfill-"))
     server: Server | None = None
     exit_code = 0
     timings: list[Timing] = []
+    results: list[Result] = []
     try:
         server = start_server(data_dir)
         url = server.database_url
@@ -481,6 +488,23 @@ def run(args: argparse.Namespace) -> int:
                 }
             )
         )
+        results.append(
+            Result(
+                f"back-fill of a new stream over {args.rows:,} archived rows",
+                strata.seconds,
+                postgres.seconds,
+                "PostgreSQL CREATE TABLE AS SELECT .. GROUP BY over the same rows",
+                "s",
+                "lower",
+                notes="1-minute count and revenue per campaign",
+                context={
+                    "rows": args.rows,
+                    "strata_rows_per_s": round(strata.rows_per_s),
+                    "postgres_rows_per_s": round(postgres.rows_per_s),
+                    "chunks": chunks,
+                },
+            )
+        )
         if problems:
             print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
             exit_code = 1
@@ -489,10 +513,36 @@ def run(args: argparse.Namespace) -> int:
         exit_code = 1
     finally:
         clean_up(server, data_dir, failed=exit_code != 0, keep=args.keep)
-    return exit_code
+    return exit_code, results
+
+
+# The arguments of each scale of bench/run.py (full: the defaults, the README's figure).
+SCALES = {"smoke": ["--rows", "20000", "--run-rows", "5000"], "full": []}
+
+
+def benchmark(scale: str) -> list[Result]:
+    """bench/run.py's entry (see bench/figures.py)."""
+    args = _parser().parse_args(SCALES[check_scale(scale)])
+    os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)  # read by `strata up`
+    code, results = run_benchmark(args)
+    if code:
+        raise BenchError("the back-fill benchmark failed (see above)")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.rows <= 0 or args.run_rows <= 0:
+        parser.error("--rows and --run-rows must be positive")
+    if args.chunk_rows <= 0:
+        parser.error("--chunk-rows must be positive")
+    # The server is started with this process's environment.
+    os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)
+    return run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -510,14 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the data dir (server log, embedded PostgreSQL)"
     )
-    args = parser.parse_args(argv)
-    if args.rows <= 0 or args.run_rows <= 0:
-        parser.error("--rows and --run-rows must be positive")
-    if args.chunk_rows <= 0:
-        parser.error("--chunk-rows must be positive")
-    # The server is started with this process's environment.
-    os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)
-    return run(args)
+    return parser
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from typing import Any
 
 import psycopg
 import sqlglot
+from figures import Result, check_scale  # bench/figures.py, next to this script
 from sqlglot import exp
 
 from rewriter import rewrite
@@ -438,6 +439,11 @@ def verify(
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_benchmark(args)[0]
+
+
+def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
+    """The benchmark; returns its exit code and its figures (one per query)."""
     plan = plan_stream()
     archive = archive_name(plan)
     table = partial_archive_table(plan.name)  # as EXPLAIN names it
@@ -446,6 +452,7 @@ def run(args: argparse.Namespace) -> int:
     server: EmbeddedPostgres | None = None
     conn: psycopg.Connection | None = None
     problems: list[str] = []
+    results: list[Result] = []
     try:
         if external:
             url = external
@@ -507,6 +514,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{os.cpu_count()} CPUs",
             ),
         )
+        results = figures(args, before, after, plain, steps["reduce"])
         if problems:
             print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
         if external and not args.keep:
@@ -524,7 +532,31 @@ def run(args: argparse.Namespace) -> int:
                 print(f"kept {data_dir} (the embedded PostgreSQL is stopped)", file=sys.stderr)
             else:
                 shutil.rmtree(data_dir, ignore_errors=True)
-    return 1 if problems else 0
+    return 1 if problems else 0, results
+
+
+def figures(
+    args: argparse.Namespace, before: Phase, after: Phase, plain: Phase, reduce_s: float
+) -> list[Result]:
+    """The view after reduction against the plain table, per query (medians)."""
+    return [
+        Result(
+            f"view query after reduction: {q.title}",
+            after.times[q.key].median_ms,
+            plain.times[q.key].median_ms,
+            "the same query over a plain table of the final values",
+            "ms",
+            "lower",
+            notes=f"{WINDOWS} 1-minute windows x {args.groups:,} groups, {args.runs} runs",
+            context={
+                "view_before_reduction_ms": round(before.times[q.key].median_ms, 3),
+                "view_after_reduction_ms": round(after.times[q.key].median_ms, 3),
+                "plain_ms": round(plain.times[q.key].median_ms, 3),
+                "reduce_seconds": round(reduce_s, 2),
+            },
+        )
+        for q in QUERIES
+    ]
 
 
 # ---- report ----------------------------------------------------------------------------
@@ -658,7 +690,31 @@ def report(args: argparse.Namespace, r: Report) -> None:
     )
 
 
+# The arguments of each scale of bench/run.py (full: the defaults, the README's figures).
+SCALES = {"smoke": ["--groups", "43", "--runs", "5", "--repeat", "2"], "full": []}  # c42: Q2
+
+
+def benchmark(scale: str) -> list[Result]:
+    """bench/run.py's entry (see bench/figures.py)."""
+    logging.basicConfig(level=logging.WARNING)
+    code, results = run_benchmark(_parser().parse_args(SCALES[check_scale(scale)]))
+    if code:
+        raise BenchError("the reduce benchmark failed (see above)")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.groups <= 0 or args.runs <= 0 or args.repeat <= 0:
+        parser.error("--groups, --runs and --repeat must be positive")
+    if not 0 <= args.late_fraction <= 1:
+        parser.error("--late-fraction must be between 0 and 1")
+    logging.basicConfig(level=logging.WARNING)
+    return run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -676,13 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the data dir (embedded PostgreSQL) or, with STRATA_DATABASE_URL, the tables",
     )
-    args = parser.parse_args(argv)
-    if args.groups <= 0 or args.runs <= 0 or args.repeat <= 0:
-        parser.error("--groups, --runs and --repeat must be positive")
-    if not 0 <= args.late_fraction <= 1:
-        parser.error("--late-fraction must be between 0 and 1")
-    logging.basicConfig(level=logging.WARNING)
-    return run(args)
+    return parser
 
 
 if __name__ == "__main__":

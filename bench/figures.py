@@ -1,0 +1,51 @@
+"""What a benchmark hands to bench/run.py: its figures, each against a baseline of the same run.
+
+The convention that makes a module of bench/ a benchmark ``make bench`` runs: it defines,
+at the top level, ::
+
+    def benchmark(scale: str) -> list[Result]:
+
+where ``scale`` is one of SCALES: ``full`` (the figures the README reports) or ``smoke``
+(tiny, for CI: it proves everything works, its numbers mean nothing). It raises on failure
+(wrong results, a server that would not start), after printing what went wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+SCALES = ("smoke", "full")
+
+
+class ScaleError(ValueError):
+    """A scale that is not one of SCALES."""
+
+
+def check_scale(scale: str) -> str:
+    if scale not in SCALES:
+        raise ScaleError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
+    return scale
+
+
+@dataclass
+class Result:
+    """One figure: Strata's number and the baseline's, measured in the same run on the same
+    machine, so that their ratio says more than either (machines and loads differ)."""
+
+    figure: str  # what was measured, e.g. "HTTP ingest, wait=true, 4 client threads"
+    value: float  # Strata's number, in ``unit``
+    baseline: float  # the baseline's number, same unit, same run
+    baseline_name: str  # e.g. "PostgreSQL COPY"
+    unit: str  # e.g. "rows/s", "ms", "s"
+    # Which way is good for ``value`` against ``baseline``: rows/s want "higher", times "lower".
+    better: Literal["higher", "lower"]
+    notes: str = ""
+    context: dict[str, float | int | str] = field(default_factory=dict)  # absolute numbers
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.baseline if self.baseline else float("nan")
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self) | {"ratio": float(f"{self.ratio:.4g}")}  # 4 significant digits

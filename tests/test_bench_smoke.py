@@ -1,0 +1,77 @@
+"""`make bench-smoke`: every benchmark of bench/ at tiny scale through bench/run.py, with the
+reports it writes (JSON per benchmark, Markdown table, PNG chart, README section) written
+into a temporary dir, never into the repository."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+README = ROOT / "README.md"
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))  # bench/run.py imports bench/figures.py as `figures`
+    try:
+        yield importlib.import_module("run")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_discovery_and_the_readme_section(runner: ModuleType, tmp_path: Path) -> None:
+    assert {"ingest", "reduce", "backfill"} <= set(runner.discover())
+    assert not {"run", "figures"} & set(runner.discover())
+    (tmp_path / "helper.py").write_text("def helper() -> None: ...\n")
+    (tmp_path / "mine.py").write_text("def benchmark(scale: str) -> list: ...\n")
+    assert runner.discover(tmp_path) == ["mine"]
+    # The README has the section `make bench` rewrites, and only the section changes.
+    text = README.read_text()
+    assert runner.START in text and runner.END in text
+    replaced = runner.replace_section(text, "| new table |\n")
+    before, after = text.split(runner.START)[0], text.split(runner.END)[1]
+    assert replaced == before + runner.START + "\n| new table |\n" + runner.END + after
+    with pytest.raises(ValueError):
+        runner.replace_section("no markers", "x")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_bench_smoke(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(README.read_text())
+    out = tmp_path / "results"
+    command = [sys.executable, "bench/run.py", "--scale", "smoke", "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--readme", str(readme)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+
+    names = subprocess.run(
+        [sys.executable, "bench/run.py", "--list"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    assert {"ingest", "reduce", "backfill"} <= set(names)
+    for name in names:
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["benchmark"] == name and result["scale"] == "smoke"
+        assert result["error"] is None and result["figures"], result
+        for figure in result["figures"]:
+            assert figure["value"] > 0 and figure["baseline"] > 0, figure
+            assert figure["ratio"] == pytest.approx(figure["value"] / figure["baseline"], 1e-3)
+            assert figure["better"] in ("higher", "lower") and figure["unit"]
+    summary = (out / "summary.md").read_text()
+    assert "| benchmark | figure |" in summary and "Scale `smoke`" in summary
+    assert all(f"| {name} |" in summary for name in names)
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The copy's section holds the table; the repository's README is untouched.
+    assert summary in readme.read_text()
+    assert "Scale `smoke`" not in README.read_text()
