@@ -3,34 +3,70 @@
 It only executes plans the rewriter made. One long-lived SparkSession is shared; each
 thread gets its own child session (``newSession``) so the temporary view holding a
 batch's rows never collides between ingestion and back-fill.
+
+When the driver JVM dies (killed, out of memory), the job in flight fails with a py4j
+error; the backend then starts a new session (``restart``) and raises SparkRestarted, and
+the caller retries the work. Nothing was written: partials are computed before the
+PostgreSQL transaction that commits them.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
+from server.spark import discard_spark_session, jvm_died
+
+log = logging.getLogger(__name__)
+
+
+class SparkRestarted(Exception):  # noqa: N818 - names what happened, the caller retries
+    """The Spark JVM died during the job and was started again; retry the job."""
 
 
 class SparkBackend:
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(
+        self, spark: SparkSession, restart: Callable[[], SparkSession] | None = None
+    ) -> None:
         self.spark = spark
+        self._restart = restart
+        self._generation = 0  # sessions of earlier generations belong to a dead JVM
+        self._lock = threading.Lock()
         self._local = threading.local()
         # Executors of a local master share the driver's disk, so they can read spooled
         # runs straight from their files; a cluster's executors get the rows shipped.
         self.reads_files = (spark.sparkContext.master or "").startswith("local")
 
-    def _session(self) -> SparkSession:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self.spark.newSession()
-            self._local.session = session
-        return session
+    def _session(self) -> tuple[SparkSession, int]:
+        with self._lock:  # waits while a restart is under way
+            cached = getattr(self._local, "session", None)
+            if cached is None or cached[1] != self._generation:
+                cached = self._local.session = (self.spark.newSession(), self._generation)
+            return cached  # type: ignore[no-any-return]
+
+    def _recover(self, generation: int, error: Exception) -> None:
+        """After a failed job: if the JVM of ``generation`` is dead, make sure a new one
+        runs and raise SparkRestarted; otherwise let the caller see ``error``."""
+        with self._lock:
+            if generation == self._generation:
+                # A failing query leaves the JVM running; a lost connection may mean it died.
+                if not jvm_died(self.spark, 0.0 if isinstance(error, PySparkException) else 1.0):
+                    return
+                if self._restart is None:
+                    raise SparkRestarted("the Spark JVM died, and this backend cannot restart it")
+                log.warning("the Spark JVM died (%s); starting a new one", error)
+                discard_spark_session(self.spark)
+                self.spark = self._restart()
+                self._generation += 1
+        raise SparkRestarted("the Spark JVM died during the job; it runs again") from error
 
     def partials(
         self,
@@ -47,7 +83,22 @@ class SparkBackend:
         aggregates = [p for p in plans if isinstance(p, DerivedStreamPlan)]
         if not aggregates or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in aggregates}
-        session = self._session()
+        session, generation = self._session()
+        try:
+            return self._partials(session, rows, plans, aggregates, source, files)
+        except Exception as error:
+            self._recover(generation, error)
+            raise
+
+    def _partials(
+        self,
+        session: SparkSession,
+        rows: pa.Table,
+        plans: list[ComputedPlan],
+        aggregates: list[DerivedStreamPlan],
+        source: str,
+        files: list[str] | None,
+    ) -> dict[str, pa.Table]:
         if files and self.reads_files:
             frame = session.read.parquet(*files)
         else:

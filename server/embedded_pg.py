@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,6 +166,18 @@ class EmbeddedPostgres:
                 self._start_new()
             self._ensure_database(reload=reload)
         return self.url
+
+    def revive(self) -> bool:
+        """Start the server again if it died (kill -9, the OOM killer) since `start()`;
+        returns whether it had to. The port stays the same, so clients simply reconnect;
+        crash recovery replays the WAL, so every committed transaction is still there."""
+        if self._pid is None:
+            return False  # stopped on purpose, or never started
+        if _our_postgres(self._pid, self.pgdata) is not None:
+            return False
+        log.warning("PostgreSQL (pid %d) on %s is gone; starting it again", self._pid, self.pgdata)
+        self.start()
+        return True
 
     def stop(self) -> None:
         """Stop the server running on this data dir (fast shutdown); no-op if none is."""
@@ -461,6 +474,36 @@ class EmbeddedPostgres:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class Supervisor:
+    """A thread that starts the embedded PostgreSQL again whenever it dies.
+
+    Strata's own connections notice on their next use (the pool pings before handing one
+    out) and the workers retry what failed; a run is committed in one transaction, so one
+    cut short by the crash left nothing and is simply committed again.
+    """
+
+    def __init__(self, server: EmbeddedPostgres, interval: float = 1.0) -> None:
+        self.server = server
+        self.interval = interval
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="strata-postgres", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=START_TIMEOUT_S + 30)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval):
+            try:
+                self.server.revive()
+            except Exception:  # keep watching: the next round tries again
+                log.exception("starting PostgreSQL again failed")
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
+from pyspark.sql import SparkSession
 
 from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres
+from server.embedded_pg import EmbeddedPostgres, Supervisor
 from server.reducer import Reducer
 from server.retention import Retention
 from server.security import configure_reader, secret
@@ -48,14 +49,17 @@ def running(settings: Settings) -> Iterator[Runtime]:
     """Start everything Strata needs; stop it all (in reverse order) on exit."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedded: EmbeddedPostgres | None = None
+    supervisor: Supervisor | None = None
     if settings.database_url:
         database_url = settings.database_url
     else:
         embedded = EmbeddedPostgres(settings.postgres_dir)
         log.info("starting embedded PostgreSQL in %s", settings.postgres_dir)
         database_url = embedded.start()
+        supervisor = Supervisor(embedded)
+        supervisor.start()
     engine = create_catalog_engine(database_url)
-    spark = None
+    backend: SparkBackend | None = None
     service = None
     reducer = None
     retention = None
@@ -63,12 +67,17 @@ def running(settings: Settings) -> Iterator[Runtime]:
         migrate(engine)
         configure_reader(engine, secret(settings, "reader_password"))
         log.info("starting Spark (%s)", settings.spark_master or "local")
-        spark = create_spark_session(
-            settings.spark_master,
-            local_dir=settings.spark_dir,
-            extra_conf={"spark.driver.memory": settings.spark_driver_memory},
-        )
-        service = StrataService(engine, SparkBackend(spark), Spool(settings.spool_dir))
+
+        def start_spark() -> SparkSession:
+            return create_spark_session(
+                settings.spark_master,
+                local_dir=settings.spark_dir,
+                extra_conf={"spark.driver.memory": settings.spark_driver_memory},
+            )
+
+        # The backend starts Spark again with the same settings when its JVM dies.
+        backend = SparkBackend(start_spark(), restart=start_spark)
+        service = StrataService(engine, backend, Spool(settings.spool_dir))
         service.batch_max_rows = settings.batch_max_rows
         service.backfiller.chunk_rows = settings.backfill_chunk_rows
         service.start()
@@ -93,9 +102,11 @@ def running(settings: Settings) -> Iterator[Runtime]:
             reducer.stop()
         if service is not None:
             service.stop()
-        if spark is not None:
-            stop_spark_session(spark)
+        if backend is not None:
+            stop_spark_session(backend.spark)
         engine.dispose()
+        if supervisor is not None:
+            supervisor.stop()
         if embedded is not None:
             embedded.stop()
 

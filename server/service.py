@@ -244,7 +244,11 @@ class StrataService:
             if remaining <= 0:
                 break
             event.wait(min(remaining, 0.5))
-            current = self.run(record.run_id)
+            try:
+                current = self.run(record.run_id)
+            except sa.exc.OperationalError:  # PostgreSQL restarting: the run is safe, wait on
+                log.warning("run %s: PostgreSQL unreachable; still waiting", record.run_id)
+                time.sleep(0.5)
         return current or record
 
     # ---- the worker ------------------------------------------------------------------

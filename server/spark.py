@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+import psutil
+from pyspark import SparkContext
+from pyspark.sql import SparkSession, SQLContext
 
 from server.java import find_java_home
 
@@ -66,6 +70,13 @@ def create_spark_session(
         "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
         # No Hive: it would put metastore_db/ and derby.log in the current directory.
         "spark.sql.catalogImplementation": "in-memory",
+        # The driver keeps the details of past jobs for the UI, which Strata never shows,
+        # up to 1,000 jobs and SQL executions and 100,000 tasks by default: a long-running
+        # server with a job per batch grows by that much. Keep only the recent ones.
+        "spark.ui.retainedJobs": "50",
+        "spark.ui.retainedStages": "50",
+        "spark.ui.retainedTasks": "1000",
+        "spark.sql.ui.retainedExecutions": "50",
     }
     if master.startswith("local"):
         # Otherwise Spark warns that the hostname resolves to a loopback address.
@@ -98,7 +109,63 @@ def create_spark_session(
 
 def stop_spark_session(spark: SparkSession) -> None:
     """Stop the session and remove the temp dir create_spark_session made for it, if any."""
+    if jvm_died(spark):  # nothing to stop, only to forget
+        discard_spark_session(spark)
+        return
     spark.stop()
     temp_dir = _owned_temp_dirs.pop(id(spark), None)
     if temp_dir is not None:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def jvm_pid(spark: SparkSession) -> int | None:
+    """PID of the session's driver JVM while it runs (None once it died)."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)  # set by pyspark's launcher
+    return None if proc is None or proc.poll() is not None else int(proc.pid)
+
+
+def jvm_died(spark: SparkSession, grace: float = 0.0) -> bool:
+    """Whether the session's driver JVM exited (waiting up to ``grace`` seconds for it: a
+    JVM being killed closes its sockets a moment before it is gone)."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if proc is None:
+        return False
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
+    return proc.poll() is not None
+
+
+def discard_spark_session(spark: SparkSession) -> None:
+    """Forget a session whose JVM died, so that create_spark_session starts a new JVM.
+
+    ``spark.stop()`` cannot be used: it talks to the dead JVM and fails before it resets
+    pyspark's process-wide singletons, which would hand the dead session out again.
+    """
+    context = spark.sparkContext
+    context._jsc = None
+    with suppress(Exception):
+        context._accumulatorServer.shutdown()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        with suppress(Exception):
+            gateway.shutdown()
+    with SparkContext._lock:
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    SQLContext._instantiatedContext = None
+    temp_dir = _owned_temp_dirs.pop(id(spark), None)
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def driver_jvm(server_pid: int) -> psutil.Process | None:
+    """The Spark driver JVM that the process ``server_pid`` (a `strata up`) runs, if any: for
+    tools that watch a server from outside (benchmarks, crash tests)."""
+    try:
+        children = psutil.Process(server_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    return next((c for c in children if c.name() == "java"), None)

@@ -49,6 +49,8 @@ class Worker(ABC):
                 continue
             try:
                 done[record.name] = self._drain(record.plan)
+            except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
+                self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
             except Exception:  # one stream's failure must not stop the others
                 self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
         return done
@@ -75,4 +77,15 @@ class Worker(ABC):
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval):
-            self.run_once()
+            try:
+                self.run_once()
+            except sa.exc.OperationalError as error:  # the next round tries again
+                self.log.warning("%s pass: %s", self.name, _reason(error))
+            except Exception:
+                self.log.exception("%s pass failed; retrying in %.1fs", self.name, self.interval)
+
+
+def _reason(error: sa.exc.OperationalError) -> str:
+    """The driver's message, first line: "connection refused", not the statement."""
+    lines = str(error.orig).strip().splitlines()
+    return lines[0] if lines else type(error.orig).__name__

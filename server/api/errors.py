@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -70,3 +71,13 @@ def install(app: FastAPI) -> None:
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
         )
         return JSONResponse({"error": f"invalid request: {problems}"}, status_code=400)
+
+    @app.exception_handler(sa.exc.OperationalError)
+    async def database_unreachable(_request: Request, _error: Exception) -> JSONResponse:
+        # PostgreSQL is restarting (server/embedded_pg.py's Supervisor) or out of reach. A
+        # run posted now is not acknowledged; posting it again with its run id is safe.
+        return JSONResponse(
+            {"error": "PostgreSQL is unreachable right now; retry the request"},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )

@@ -485,6 +485,9 @@ def _json_read_type(sql_type: SqlType) -> pa.DataType:
 
 
 def _fast_ndjson(data: bytes, columns: Sequence[ColumnSpec], event_time: str) -> pa.Table:
+    # The framing is checked before pyarrow sees the body: pyarrow 26 crashes the whole
+    # process (SIGSEGV) on a body that starts with a top-level null.
+    lines = _ndjson_object_lines(data)
     read_schema = pa.schema([pa.field(c.name, _json_read_type(c.type)) for c in columns])
     table = pa_json.read_json(
         io.BytesIO(data),
@@ -492,7 +495,8 @@ def _fast_ndjson(data: bytes, columns: Sequence[ColumnSpec], event_time: str) ->
             explicit_schema=read_schema, unexpected_field_behavior="error"
         ),
     )
-    _require_one_object_per_line(data, table.num_rows)
+    if table.num_rows != lines:
+        raise _FastPathMiss
     arrays = {}
     for c in columns:
         arr = table.column(c.name)
@@ -506,22 +510,20 @@ def _fast_ndjson(data: bytes, columns: Sequence[ColumnSpec], event_time: str) ->
     return _assemble(arrays, columns, event_time)
 
 
-def _require_one_object_per_line(data: bytes, rows: int) -> None:
-    """pyarrow also takes two objects on a line, or an object spread over lines.
+def _ndjson_object_lines(data: bytes) -> int:
+    """The number of non-blank lines, when every one starts with '{' and ends with '}'.
 
-    When every non-blank line starts with '{' and ends with '}', no object can span a
-    line break (JSON never puts '}' and '{' side by side inside a value), so rows equal
-    to the number of non-blank lines means exactly one object per line.
+    pyarrow also takes two objects on a line, or an object spread over lines. When every
+    non-blank line starts with '{' and ends with '}', no object can span a line break
+    (JSON never puts '}' and '{' side by side inside a value), so as many rows as such
+    lines means exactly one object per line.
     """
     whole = _binary_scalar_array(data)
     if pc.match_substring_regex(whole, _NDJSON_STRICT)[0].as_py():
-        lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    elif pc.match_substring_regex(whole, _NDJSON_LOOSE)[0].as_py():
-        lines = pc.count_substring_regex(whole, _NDJSON_LINE_START)[0].as_py()
-    else:
-        raise _FastPathMiss
-    if lines != rows:
-        raise _FastPathMiss
+        return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    if pc.match_substring_regex(whole, _NDJSON_LOOSE)[0].as_py():
+        return int(pc.count_substring_regex(whole, _NDJSON_LINE_START)[0].as_py())
+    raise _FastPathMiss
 
 
 def _parse_ndjson(
@@ -742,6 +744,13 @@ def _build_table(values: dict[str, list[Any]], columns: Sequence[ColumnSpec]) ->
     return pa.Table.from_arrays(arrays, schema=arrow_schema(columns))
 
 
+def _listed(names: Sequence[str]) -> str:
+    """Unknown names as an error lists them: the first few, each cut to a readable length."""
+    shown = [repr(n if len(n) <= 80 else n[:77] + "...") for n in names[:5]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
 def _event_time_missing(event_time: str, *, null: bool) -> str:
     if null:
         return f"the event-time column {event_time!r} must not be null"
@@ -920,7 +929,7 @@ def _slow_ndjson(data: bytes, columns: Sequence[ColumnSpec], event_time: str) ->
             )
         unknown = [key for key in obj if key not in parsers]
         if unknown:
-            listed = ", ".join(repr(k) for k in unknown)
+            listed = _listed(unknown)
             noun = "field" if len(unknown) == 1 else "fields"
             raise RunFormatError(
                 f"unknown {noun} {listed}; the stream declares: {declared}",
@@ -1059,7 +1068,7 @@ def _check_header(record: _Record, columns: Sequence[ColumnSpec], event_time: st
         seen.add(name)
     unknown = [name for name in names if name not in declared]
     if unknown:
-        listed = ", ".join(repr(n) for n in unknown)
+        listed = _listed(unknown)
         noun = "column" if len(unknown) == 1 else "columns"
         raise RunFormatError(
             f"unknown {noun} {listed} in the CSV header; the stream declares: "
