@@ -15,7 +15,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.build_archive import create_view, drop, table
-from rewriter.errors import UnknownStream, UnsupportedSQL
+from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import ProjectionBranch, ProjectionStreamPlan, RawStreamPlan, StreamPlan
 from rewriter.split_aggregates import check_clauses, output_name
@@ -68,7 +68,7 @@ def build_projection(
             raise UnsupportedSQL("a stream without aggregates selects FROM one raw stream")
         source = streams.get(source_table.name)
         if source is None:
-            raise UnknownStream(f"stream {source_table.name!r} does not exist")
+            raise UnknownSource(f"stream {source_table.name!r} does not exist")
         if not isinstance(source, RawStreamPlan):
             raise UnsupportedSQL(
                 f"{source.name!r} is not a raw stream; a stream without aggregates selects "

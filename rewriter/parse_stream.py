@@ -19,6 +19,8 @@ from rewriter.resolve_window import parse_interval
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
 RAW_OPTIONS = ("event_time", "delay", "retention")
+# PostgreSQL's limit of 1600 columns per table, less the raw archive's run column.
+MAX_RAW_COLUMNS = 1599
 EXAMPLE = (
     "CREATE STREAM impsns (campaign text, price numeric(12,4), t timestamptz) "
     "WITH (event_time = 't')  or  CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, "
@@ -52,6 +54,7 @@ def parse_stream(sql: str) -> StreamStatement:
     errors raised, are positions in ``sql`` (rewriter.positions).
     """
     tokens = _tokenize(sql)
+    _check_interval_literals(sql, tokens)
     body = [t for t in tokens if t.token_type != TokenType.SEMICOLON]
     semicolons = [t for t in tokens if t.token_type == TokenType.SEMICOLON]
     if not body:
@@ -94,6 +97,28 @@ def parse_stream(sql: str) -> StreamStatement:
     return _raw(statement)
 
 
+_INTERVAL_PART = re.compile(r"\s*-?[0-9]+(?:\.[0-9]+)?\s*[a-zA-Z]+\s*")
+
+
+def _check_interval_literals(sql: str, tokens: list[Token]) -> None:
+    """Refuse INTERVAL '1 minute <anything else>' (and the same in <SLICES ...>): sqlglot
+    reads such a literal as its one quantity and drops the rest, where PostgreSQL refuses
+    the whole literal."""
+    for keyword, literal in zip(tokens, tokens[1:], strict=False):
+        if literal.token_type != TokenType.STRING or not (
+            keyword.token_type == TokenType.INTERVAL
+            or keyword.text.upper() in ("SLICES", "VISIBLE", "ADVANCE")
+        ):
+            continue
+        parts = _INTERVAL_PART.findall(literal.text)
+        if len(parts) == 1 and _INTERVAL_PART.sub("", literal.text).strip():
+            raise InvalidSQL(
+                f"cannot read the interval {literal.text!r}: expected quantities and units "
+                "such as '5 minutes' or '1 hour 30 minutes'",
+                position=_place(sql, literal),
+            )
+
+
 def _place(sql: str, token: Token) -> tuple[int, int]:
     return Place.of_token(sql, token).position
 
@@ -108,6 +133,16 @@ def _tokenize(sql: str) -> list[Token]:
             raise InvalidSQL(
                 f"syntax error: missing the closing {found.group(1)} of the literal starting here",
                 position=line_and_column(sql, int(found.group(2))),
+            ) from None
+        if isinstance(err.__cause__, IndexError):  # sqlglot ran off the end of the text
+            opened = sql.rfind("/*")
+            if opened >= 0 and "*/" not in sql[opened + 2 :]:
+                raise InvalidSQL(
+                    "syntax error: the comment starting here is never closed (*/)",
+                    position=line_and_column(sql, opened),
+                ) from None
+            raise InvalidSQL(
+                "syntax error: the statement ends inside a comment or a quoted literal"
             ) from None
         raise InvalidSQL(f"syntax error: {err.__cause__ or err}") from None
 
@@ -209,6 +244,12 @@ def _raw(statement: exp.Create) -> RawStreamStatement:
     if not columns:
         raise InvalidSQL(
             f"a raw stream needs at least one column, e.g. {EXAMPLE}", position=position_of(schema)
+        )
+    if len(columns) > MAX_RAW_COLUMNS:
+        raise UnsupportedSQL(
+            f"a raw stream has at most {MAX_RAW_COLUMNS} columns (PostgreSQL's limit per "
+            f"table, less Strata's run column); this one declares {len(columns)}",
+            position=position_of(schema.expressions[MAX_RAW_COLUMNS]),
         )
     option = _options(statement).get("event_time")
     if option is None:

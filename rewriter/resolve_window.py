@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from rewriter.errors import UnknownStream, UnsupportedSQL
+from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import DerivedStreamPlan, StreamPlan
 from rewriter.positions import located
 
@@ -140,7 +140,7 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
     source_name = args[0].name
     source = streams.get(source_name)
     if source is None:
-        raise UnknownStream(f"stream {source_name!r} does not exist")
+        raise UnknownSource(f"stream {source_name!r} does not exist")
     if len(args) == 2 + intervals:
         if not isinstance(args[1], exp.Column):
             raise UnsupportedSQL(f"the second argument of {kind} names a column: {form}")

@@ -19,6 +19,7 @@ from rewriter.build_archive import build_archive
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
+from rewriter.errors import UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
 from rewriter.plan import DerivedStreamPlan, StreamPlan
 from rewriter.resolve_window import resolve_window
@@ -28,6 +29,17 @@ from rewriter.split_rollup import GatherPoint, split_rollup
 
 def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     """Plan a stream. ``streams`` are the existing streams, by name (the plan's sources)."""
+    try:
+        return _rewrite(sql, streams)
+    except RecursionError:
+        # sqlglot and the passes walk expressions recursively: a few dozen nested
+        # parentheses exhaust Python's stack before anything else is wrong.
+        raise UnsupportedSQL(
+            "the statement nests expressions too deeply to be planned; simplify it"
+        ) from None
+
+
+def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)

@@ -117,7 +117,13 @@ def sql_type_from_sqlglot(data_type: exp.DataType, *, column: str) -> SqlType:
         )
     if name != "numeric":
         return SqlType(name)
-    params = [int(p.this.name) for p in data_type.expressions]
+    texts = [p.this.name for p in data_type.expressions]
+    if not all(t.isascii() and t.isdigit() and len(t) <= 4 for t in texts) or len(texts) > 2:
+        raise UnsupportedSQL(
+            f"column {column!r} has type {data_type.sql('postgres')}; write numeric, "
+            "numeric(p) or numeric(p,s) with whole numbers, precision 1..38"
+        )
+    params = [int(t) for t in texts]
     if not params:
         return SqlType("numeric")
     precision = params[0]
