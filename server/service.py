@@ -27,7 +27,7 @@ from psycopg import sql
 from pyspark.errors import PySparkException
 
 from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
-from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream
+from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream, UnsupportedSQL
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog
 from server.archive import copy_in, internal_table
@@ -78,6 +78,32 @@ def _execute_plan_sql(connection: sa.Connection, statement: str) -> None:
     connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
+def _refusal(error: BaseException) -> str | None:
+    """What PostgreSQL said, if ``error`` is its refusal of the data written (SQLSTATE
+    class 22, data exception, or 54, program limit exceeded), which the same rows meet
+    again on every retry; None for anything else."""
+    cause = getattr(error, "orig", None) or error
+    state = str(getattr(cause, "sqlstate", "") or "")
+    if state[:2] not in ("22", "54"):
+        return None
+    diag = getattr(cause, "diag", None)
+    message = (getattr(diag, "message_primary", None) or str(cause)).strip()
+    if "index row" in message:
+        message += " (a group key value is too long to be indexed: keep keys under ~2,000 bytes)"
+    return message
+
+
+def _lock_ddl(connection: sa.Connection) -> None:
+    """One stream DDL at a time (until the transaction ends), so that a CREATE checks its
+    name and sources, and a DROP its dependents, against a catalog no other DDL changes
+    meanwhile: two DROPs of one name cannot both succeed, nor a DROP of a source slip
+    between the planning and the commit of a stream derived from it."""
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK})
+
+
+_DDL_LOCK = 4242002  # beside catalog.migrate's 4242001
+
+
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
     return table.append_column(RUN_COLUMN, pa.array([seq] * table.num_rows, pa.int64()))
 
@@ -112,13 +138,13 @@ class StrataService:
         return record
 
     def create_stream(self, text: str) -> StreamRecord:
-        with self.engine.connect() as connection:
-            existing = self.plans.load(connection)
-        plan = rewrite(text, {n: r.plan for n, r in existing.items()})
-        if plan.name in existing:
-            raise StreamExists(f"stream {plan.name!r} already exists")
         try:
             with self.engine.begin() as connection:
+                _lock_ddl(connection)
+                existing = self.plans.load(connection)
+                plan = rewrite(text, {n: r.plan for n, r in existing.items()})
+                if plan.name in existing:
+                    raise StreamExists(f"stream {plan.name!r} already exists")
                 catalog.insert_stream(connection, plan, text)
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
@@ -128,6 +154,13 @@ class StrataService:
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {plan.name!r} already exists") from None
+            raise
+        except (sa.exc.DBAPIError, psycopg.Error) as err:
+            # PostgreSQL's limits (class 54: too many columns, too complex) are the
+            # statement's problem, not the server's.
+            cause = getattr(err, "orig", None) or err
+            if str(getattr(cause, "sqlstate", "") or "").startswith("54"):
+                raise UnsupportedSQL(f"PostgreSQL cannot create this stream: {cause}") from None
             raise
         return self.stream(plan.name)
 
@@ -157,6 +190,7 @@ class StrataService:
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
+            _lock_ddl(connection)
             records = self.plans.load(connection)
             record = records.get(name)
             if record is None:
@@ -312,6 +346,9 @@ class StrataService:
             self._queue.put(seq)
 
     def _compute(self, seqs: list[int]) -> None:
+        # A run queued twice (accepted while start() queued the pending runs, or retried
+        # while still queued) is computed once: twice in one batch would archive it twice.
+        seqs = list(dict.fromkeys(seqs))
         with self.engine.connect() as connection:
             records = [catalog.get_run_by_seq(connection, s) for s in seqs]
         pending = [r for r in records if r is not None and r.status == "pending"]
@@ -379,11 +416,31 @@ class StrataService:
             batch = self._computed.get()
             if batch is None:
                 return
-            try:
-                self._commit(batch)
-            except Exception:
+            self._commit_or_refuse(batch)
+
+    def _commit_or_refuse(self, batch: _Batch) -> None:
+        """Commit a batch; retry it later on a passing failure. When PostgreSQL refuses
+        the rows themselves (a data error, or a limit such as a group key too long for an
+        index), retrying cannot help: a run alone is rejected (nothing of it archived),
+        and a batch of several is committed run by run, so only the run at fault is."""
+        try:
+            self._commit(batch)
+        except Exception as err:
+            refusal = _refusal(err)
+            if refusal is None:
                 log.exception("committing runs %s failed; retrying", batch.seqs)
                 self._retry_later(batch.seqs)
+            elif len(batch.runs) == 1:
+                self._reject(batch.runs[0], f"PostgreSQL cannot archive the run: {refusal}")
+            else:
+                for run in batch.runs:
+                    try:
+                        single = self._prepare(batch.stream, [run])
+                    except Exception:
+                        log.exception("processing run %s failed; retrying", run.seq)
+                        self._retry_later([run.seq])
+                        continue
+                    self._commit_or_refuse(single)
 
     def _commit(self, batch: _Batch) -> None:
         for _attempt in range(10):
