@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,6 +39,19 @@ class Settings(BaseSettings):
     )
     max_run_bytes: int = Field(
         256 * 1024 * 1024, description="Largest run body accepted, in bytes (larger: 413)."
+    )
+    max_spool_bytes: int = Field(
+        4 * 1024 * 1024 * 1024,
+        description="Bytes of runs accepted but not yet committed (their spool files) above "
+        "which new runs are held back (see STRATA_SPOOL_FULL); 0: no limit.",
+    )
+    spool_full: Literal["reject", "wait"] = Field(
+        "reject",
+        description="What a new run meets while the spool is full: reject (429 with "
+        "Retry-After) or wait (up to STRATA_SPOOL_FULL_WAIT seconds for room, then 429).",
+    )
+    spool_full_wait: float = Field(
+        30.0, description="Most seconds a run waits for room in a full spool (wait mode)."
     )
     backfill_chunk_rows: int = Field(
         500_000,

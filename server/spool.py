@@ -38,6 +38,18 @@ class Spool:
     def remove(self, path: str | Path) -> None:
         Path(path).unlink(missing_ok=True)
 
+    def pending_bytes(self) -> int:
+        """Bytes in the spool: runs acknowledged and not yet committed, and runs being
+        written. A scan of the directory, which holds one file per such run."""
+        total = 0
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                try:
+                    total += entry.stat().st_size
+                except FileNotFoundError:  # committed (or renamed) meanwhile
+                    continue
+        return total
+
     def sweep(self, keep: set[str]) -> int:
         """Delete spool files no pending run refers to (left by a crash before the claim)."""
         removed = 0

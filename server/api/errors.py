@@ -25,6 +25,18 @@ class PayloadTooLarge(StrataError):
     """A run body above the configured maximum size."""
 
 
+class InvalidRunId(StrataError):
+    """A run id that is too long or holds control characters."""
+
+
+class SpoolFull(StrataError):
+    """The spool holds as many bytes of uncommitted runs as allowed: retry later."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 STATUS: dict[type[StrataError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
@@ -37,6 +49,8 @@ STATUS: dict[type[StrataError], int] = {
     StreamInUse: 409,
     RunConflict: 409,
     PayloadTooLarge: 413,
+    InvalidRunId: 400,
+    SpoolFull: 429,
     UnsupportedContentType: 415,
 }
 
@@ -57,6 +71,8 @@ def install(app: FastAPI) -> None:
         if error.position is not None:
             body["line"], body["column"] = error.position
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
+        if isinstance(error, SpoolFull):
+            headers = {"Retry-After": str(error.retry_after)}
         return JSONResponse(body, status_code=status_of(error), headers=headers)
 
     @app.exception_handler(RequestValidationError)
