@@ -17,11 +17,13 @@ from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres, Supervisor
 from server.reducer import Reducer
 from server.retention import Retention
+from server.serial import Materializer, Repairer
 from server.security import configure_reader, secret
 from server.service import StrataService
 from server.settings import Settings
 from server.spark import create_spark_session, stop_spark_session
 from server.spool import Spool
+from server.workers import Worker
 
 log = logging.getLogger("strata")
 INFO_FILE = "info.json"
@@ -61,8 +63,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
     engine = create_catalog_engine(database_url)
     backend: SparkBackend | None = None
     service = None
-    reducer = None
-    retention = None
+    workers: list[Worker] = []
     try:
         migrate(engine)
         configure_reader(engine, secret(settings, "reader_password"))
@@ -81,14 +82,18 @@ def running(settings: Settings) -> Iterator[Runtime]:
         service.batch_max_rows = settings.batch_max_rows
         service.backfiller.chunk_rows = settings.backfill_chunk_rows
         service.start()
-        reducer = Reducer(
-            engine,
-            service.plans,
-            min_rows=settings.reduce_min_rows,
-            interval=settings.reduce_interval,
-        )
-        retention = Retention(engine, service.plans)
-        for worker in (reducer, retention):
+        workers = [
+            Reducer(
+                engine,
+                service.plans,
+                min_rows=settings.reduce_min_rows,
+                interval=settings.reduce_interval,
+            ),
+            Retention(engine, service.plans),
+            Materializer(engine, service.plans, interval=settings.serial_interval),
+            Repairer(engine, service.plans, interval=settings.serial_interval),
+        ]
+        for worker in workers:
             worker.start()
         runtime = Runtime(settings, database_url, engine, service)
         info_file = settings.data_dir / INFO_FILE
@@ -96,10 +101,8 @@ def running(settings: Settings) -> Iterator[Runtime]:
         info_file.chmod(0o600)  # database_url may hold a password
         yield runtime
     finally:
-        if retention is not None:
-            retention.stop()
-        if reducer is not None:
-            reducer.stop()
+        for worker in reversed(workers):
+            worker.stop()
         if service is not None:
             service.stop()
         if backend is not None:

@@ -36,6 +36,7 @@ from server.backfill import Backfiller, backfill_progress, plan_backfill
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.ingest.parse import parse_run
 from server.progress import record_progress, stream_progress
+from server.serial import record_corrections, serial_state
 from server.spool import Spool
 
 log = logging.getLogger("strata.service")
@@ -216,6 +217,8 @@ class StrataService:
         with self.engine.connect() as connection:
             shown = stream_progress(connection, plan.name, sources[0])
             shown["backfill"] = backfill_progress(connection, plan.name)
+            if isinstance(plan, DerivedStreamPlan) and plan.serial is not None:
+                shown["serial"] = serial_state(connection, plan.name)
             if len(sources) > 1:
                 marks = [stream_progress(connection, s, s)["watermark"] for s in sources]
                 shown["watermark"] = None if None in marks else min(marks)  # type: ignore[type-var]
@@ -505,3 +508,4 @@ class StrataService:
             assert isinstance(raw, RawStreamPlan)
             windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
             record_progress(connection, raw, windowed, batch.data, [r.seq for r in runs])
+            record_corrections(connection, records, raw, batch.data)

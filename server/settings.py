@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     reduce_interval: float = Field(
         5.0, description="Seconds between reducer passes over the partial archives."
     )
+    serial_interval: float = Field(
+        5.0,
+        description="Seconds between passes of the workers that write the closed windows of "
+        "serial streams to their archives and repair the windows late data changed.",
+    )
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
     )
