@@ -43,9 +43,9 @@ def record_progress(
     dependents: list[DerivedStreamPlan],
     data: pa.Table,
     seqs: list[int],
-) -> None:
+) -> int:
     """Advance ``raw``'s watermark over the committed runs ``seqs`` (in order) and count the
-    rows that came behind it."""
+    rows that came behind it; returns how many did."""
     progress = catalog.stream_progress
     connection.execute(postgresql.insert(progress).values(stream=raw.name).on_conflict_do_nothing())
     state = connection.execute(
@@ -117,6 +117,7 @@ def record_progress(
                 },
             )
         )
+    return late_rows
 
 
 def stream_progress(connection: sa.Connection, name: str, raw_source: str) -> dict[str, object]:

@@ -94,6 +94,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
             Repairer(engine, service.plans, interval=settings.serial_interval),
         ]
         for worker in workers:
+            worker.metrics = service.metrics
             worker.start()
         runtime = Runtime(settings, database_url, engine, service)
         info_file = settings.data_dir / INFO_FILE

@@ -35,6 +35,7 @@ from server.backend import SparkBackend
 from server.backfill import Backfiller, backfill_progress, plan_backfill
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.ingest.parse import parse_run
+from server.metrics import Metrics
 from server.progress import record_progress, stream_progress
 from server.serial import record_corrections, serial_state
 from server.spool import Spool
@@ -125,6 +126,8 @@ class StrataService:
         self.backfiller = Backfiller(
             engine, self.plans, backend, scratch=spool.directory.parent / "backfill"
         )
+        self.metrics = Metrics(engine, self.plans)
+        self.backfiller.metrics = self.metrics
 
     # ---- streams ---------------------------------------------------------------------
 
@@ -255,6 +258,7 @@ class StrataService:
             known = self.run(run_id)
             assert known is not None
             return self._same_run(known, stream)
+        self.metrics.run_accepted(claimed.seq)
         self._expect(claimed.seq)
         self._queue.put(claimed.seq)
         return claimed
@@ -344,6 +348,7 @@ class StrataService:
         self._computed.put(None)
 
     def _retry_later(self, seqs: list[int]) -> None:
+        self.metrics.worker_failed("ingest")
         time.sleep(1.0)
         for seq in seqs:
             self._queue.put(seq)
@@ -410,6 +415,7 @@ class StrataService:
         log.warning("run %s rejected: %s", run.run_id, error)
         with self.engine.begin() as connection:
             catalog.reject_run(connection, run.seq, error)
+        self.metrics.run_rejected(run.stream, run.seq)
         if run.spool_path:
             self.spool.remove(run.spool_path)
         self._finish(run.seq)
@@ -449,7 +455,7 @@ class StrataService:
         for _attempt in range(10):
             started = time.perf_counter()
             try:
-                self._write(batch)
+                late_rows = self._write(batch)
             except _Retry as retry:
                 # Stream DDL or a concurrent commit raced us: recompute what is left.
                 if not retry.runs or batch.stream not in self.streams():
@@ -464,6 +470,7 @@ class StrataService:
                 batch.spark_seconds,
                 time.perf_counter() - started,
             )
+            self.metrics.runs_done(batch.stream, batch.seqs, batch.data.num_rows, late_rows)
             break
         else:
             raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
@@ -472,9 +479,10 @@ class StrataService:
                 self.spool.remove(run.spool_path)
             self._finish(run.seq)
 
-    def _write(self, batch: _Batch) -> None:
-        """One transaction: raw rows, partial rows, commit marker. Raises _Retry with the
-        runs still to commit when the dependents or the set of pending runs changed."""
+    def _write(self, batch: _Batch) -> int:
+        """One transaction: raw rows, partial rows, commit marker; returns the late rows.
+        Raises _Retry with the runs still to commit when the dependents or the set of
+        pending runs changed."""
         stream, runs, dependents = batch.stream, batch.runs, batch.dependents
         with self.engine.begin() as connection:
             cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -507,5 +515,7 @@ class StrataService:
             raw = records[stream].plan
             assert isinstance(raw, RawStreamPlan)
             windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
-            record_progress(connection, raw, windowed, batch.data, [r.seq for r in runs])
+            seqs = [r.seq for r in runs]
+            late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             record_corrections(connection, records, raw, batch.data)
+            return late_rows

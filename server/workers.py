@@ -17,10 +17,12 @@ import sqlalchemy as sa
 
 from rewriter.plan import StreamPlan
 from server.catalog import PlanCache
+from server.metrics import Metrics
 
 
 class Worker(ABC):
     name = "worker"
+    metrics: Metrics | None = None  # counts items handled and failures, when set
 
     def __init__(self, engine: sa.Engine, plans: PlanCache, *, interval: float, batch: int) -> None:
         self.engine = engine
@@ -51,8 +53,10 @@ class Worker(ABC):
                 done[record.name] = self._drain(record.plan)
             except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
                 self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
+                self._failed()
             except Exception:  # one stream's failure must not stop the others
                 self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
+                self._failed()
         return done
 
     def _drain(self, plan: StreamPlan) -> int:
@@ -64,7 +68,13 @@ class Worker(ABC):
                 break
         if total:
             self.log.info("%s: %d items of %s", self.name, total, plan.name)
+            if self.metrics is not None:
+                self.metrics.worker_handled(self.name, plan.name, total)
         return total
+
+    def _failed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.worker_failed(self.name)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=f"strata-{self.name}", daemon=True)
@@ -81,8 +91,10 @@ class Worker(ABC):
                 self.run_once()
             except sa.exc.OperationalError as error:  # the next round tries again
                 self.log.warning("%s pass: %s", self.name, _reason(error))
+                self._failed()
             except Exception:
                 self.log.exception("%s pass failed; retrying in %.1fs", self.name, self.interval)
+                self._failed()
 
 
 def _reason(error: sa.exc.OperationalError) -> str:

@@ -33,6 +33,7 @@ SCOPES: dict[tuple[str, str], frozenset[Scope]] = {
     ("GET", "/streams/{name}"): frozenset({Scope.READ, Scope.DDL}),
     ("POST", "/streams/{name}/runs"): frozenset({Scope.INGEST}),
     ("GET", "/runs/{run_id}"): frozenset({Scope.READ, Scope.INGEST}),
+    ("GET", "/metrics"): frozenset({Scope.READ}),
     # /info carries the database URL Strata itself uses, with its password if it has one.
     ("GET", "/info"): frozenset({Scope.ADMIN}),
 }

@@ -1,0 +1,325 @@
+"""What `GET /metrics` shows, in Prometheus's text format.
+
+Two kinds of figures:
+
+* events, counted where they happen in this process (runs committed or rejected, rows, late
+  rows, run latency, items the background workers handled, their failures, HTTP errors):
+  counters and a histogram, which start from zero when the server starts, as Prometheus
+  expects;
+* state kept in PostgreSQL (rows waiting in the spool, partial rows per archive, windows
+  awaiting repair, back-fill and serial progress, watermarks), read when /metrics is
+  scraped, with a few cheap queries on the catalog.
+
+Every Metrics has a registry of its own (never prometheus_client's global one), so several
+servers (tests build many in one process) do not clash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from psycopg import sql
+
+from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
+from rewriter.plan import DerivedStreamPlan
+from server import catalog
+from server.catalog import PlanCache
+
+log = logging.getLogger("strata.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# POST -> committed, in seconds: from a small run on an idle server to a large run queued
+# behind others.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Partial archives up to this many 8 KiB pages (8 MiB) are counted exactly at each scrape;
+# larger ones are estimated from PostgreSQL's statistics.
+EXACT_COUNT_PAGES = 1024
+# Acceptance times of runs not yet committed: bounded, should runs never finish (their
+# stream dropped meanwhile, say).
+MAX_TRACKED_RUNS = 100_000
+
+
+class Metrics:
+    """The counters of one Strata server and its registry."""
+
+    def __init__(self, engine: sa.Engine, plans: PlanCache) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.runs_committed = Counter(
+            "strata_runs_committed",
+            "Runs committed (visible in every archive), by raw stream.",
+            ["stream"],
+            registry=registry,
+        )
+        self.rows_ingested = Counter(
+            "strata_rows_ingested",
+            "Rows of committed runs, by raw stream.",
+            ["stream"],
+            registry=registry,
+        )
+        self.late_rows = Counter(
+            "strata_late_rows",
+            "Rows committed behind their stream's watermark (archived like any other row), "
+            "by raw stream.",
+            ["stream"],
+            registry=registry,
+        )
+        self.runs_rejected = Counter(
+            "strata_runs_rejected",
+            "Runs accepted, then rejected (Spark or PostgreSQL refused their rows, or their "
+            "spool file was lost); nothing of them is archived. By raw stream.",
+            ["stream"],
+            registry=registry,
+        )
+        self.run_latency = Histogram(
+            "strata_run_latency_seconds",
+            "Seconds from a run's POST to its commit, for runs accepted by this process, "
+            "by raw stream.",
+            ["stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.worker_items = Counter(
+            "strata_worker_items",
+            "Items background workers handled, by worker and stream: the reducer's (window, "
+            "group)s folded, the materializer's windows archived, the repairer's windows "
+            "repaired, retention's deletions, the back-filler's chunks.",
+            ["worker", "stream"],
+            registry=registry,
+        )
+        self.worker_failures = Counter(
+            "strata_worker_failures",
+            "Failed steps of background work, retried later (ingest: a batch of runs to "
+            "compute or commit; others: one stream's turn, or a whole pass).",
+            ["worker"],
+            registry=registry,
+        )
+        self.http_errors = Counter(
+            "strata_http_errors",
+            "HTTP error responses (4xx and 5xx), by status and error class.",
+            ["status", "error"],
+            registry=registry,
+        )
+        registry.register(CatalogCollector(engine, plans))
+        self._accepted: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus's text format (reads PostgreSQL)."""
+        return generate_latest(self.registry)
+
+    # ---- events ----------------------------------------------------------------------
+
+    def run_accepted(self, seq: int) -> None:
+        with self._lock:
+            if len(self._accepted) >= MAX_TRACKED_RUNS:
+                self._accepted.pop(next(iter(self._accepted)))
+            self._accepted[seq] = time.monotonic()
+
+    def runs_done(self, stream: str, seqs: Iterable[int], rows: int, late_rows: int) -> None:
+        """Runs ``seqs`` of ``stream`` committed, with ``rows`` rows in all."""
+        now = time.monotonic()
+        with self._lock:
+            accepted = [self._accepted.pop(seq, None) for seq in seqs]
+        self.runs_committed.labels(stream).inc(len(accepted))
+        self.rows_ingested.labels(stream).inc(rows)
+        self.late_rows.labels(stream).inc(late_rows)
+        latency = self.run_latency.labels(stream)
+        for at in accepted:
+            if at is not None:  # runs resumed after a restart have no POST time here
+                latency.observe(now - at)
+
+    def run_rejected(self, stream: str, seq: int) -> None:
+        with self._lock:
+            self._accepted.pop(seq, None)
+        self.runs_rejected.labels(stream).inc()
+
+    def worker_handled(self, worker: str, stream: str, items: int) -> None:
+        self.worker_items.labels(worker, stream).inc(items)
+
+    def worker_failed(self, worker: str) -> None:
+        self.worker_failures.labels(worker).inc()
+
+    def http_error(self, status: int, error: str) -> None:
+        self.http_errors.labels(str(status), error).inc()
+
+
+# ---- state in PostgreSQL -----------------------------------------------------------------
+
+
+class CatalogCollector(Collector):
+    """Gauges read from the catalog at each scrape. If PostgreSQL cannot be reached, the
+    scrape still answers, with ``strata_catalog_up 0`` and the in-process figures."""
+
+    def __init__(self, engine: sa.Engine, plans: PlanCache) -> None:
+        self.engine = engine
+        self.plans = plans
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # gauges appear and go with streams: nothing fixed to check
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "strata_catalog_up", "1 if the figures read from PostgreSQL are there, else 0."
+        )
+        try:
+            with self.engine.connect() as connection:
+                families = list(self._read(connection))
+        except sa.exc.SQLAlchemyError as error:
+            log.warning("metrics: cannot read the catalog: %s", str(error).splitlines()[0])
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _read(self, connection: sa.Connection) -> Iterator[Metric]:
+        runs = catalog.runs
+        spool_rows = GaugeMetricFamily(
+            "strata_spool_rows",
+            "Rows of accepted runs not committed yet (held in the spool), by raw stream.",
+            labels=["stream"],
+        )
+        spool_runs = GaugeMetricFamily(
+            "strata_spool_runs",
+            "Accepted runs not committed yet, by raw stream.",
+            labels=["stream"],
+        )
+        for row in connection.execute(
+            sa.select(runs.c.stream, sa.func.count(), sa.func.coalesce(sa.func.sum(runs.c.rows), 0))
+            .where(runs.c.status == "pending")
+            .group_by(runs.c.stream)
+        ):
+            spool_runs.add_metric([row[0]], row[1])
+            spool_rows.add_metric([row[0]], row[2])
+        yield spool_rows
+        yield spool_runs
+
+        yield self._partial_rows(connection)
+
+        corrections = catalog.corrections
+        awaiting = GaugeMetricFamily(
+            "strata_repair_windows_pending",
+            "Closed windows of serial streams that late data reached and that await repair.",
+            labels=["stream"],
+        )
+        awaiting_rows = GaugeMetricFamily(
+            "strata_repair_late_rows_pending",
+            "Late rows behind the windows awaiting repair, by serial stream.",
+            labels=["stream"],
+        )
+        for row in connection.execute(
+            sa.select(
+                corrections.c.stream,
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(corrections.c.late_rows), 0),
+            ).group_by(corrections.c.stream)
+        ):
+            awaiting.add_metric([row[0]], row[1])
+            awaiting_rows.add_metric([row[0]], row[2])
+        yield awaiting
+        yield awaiting_rows
+
+        serial = catalog.serial_progress
+        windows = GaugeMetricFamily(
+            "strata_serial_windows_materialized",
+            "Windows a serial stream has archived.",
+            labels=["stream"],
+        )
+        until = GaugeMetricFamily(
+            "strata_serial_materialized_until_seconds",
+            "Unix time up to which a serial stream's windows are archived.",
+            labels=["stream"],
+        )
+        for row in connection.execute(
+            sa.select(serial.c.stream, serial.c.windows, serial.c.materialized_until)
+        ):
+            windows.add_metric([row.stream], row.windows or 0)
+            if row.materialized_until is not None:
+                until.add_metric([row.stream], row.materialized_until.timestamp())
+        yield windows
+        yield until
+
+        backfills = catalog.backfills
+        total = GaugeMetricFamily(
+            "strata_backfill_rows",
+            "Rows of history a new stream's back-fill covers.",
+            labels=["stream"],
+        )
+        done = GaugeMetricFamily(
+            "strata_backfill_rows_done", "Rows of history back-filled so far.", labels=["stream"]
+        )
+        running = GaugeMetricFamily(
+            "strata_backfill_running",
+            "1 while a stream's back-fill is not done.",
+            labels=["stream"],
+        )
+        for row in connection.execute(sa.select(backfills)):
+            total.add_metric([row.stream], row.total_rows or 0)
+            done.add_metric([row.stream], row.done_rows or 0)
+            running.add_metric([row.stream], 1 if row.finished_at is None else 0)
+        yield total
+        yield done
+        yield running
+
+        progress = catalog.stream_progress
+        watermark = GaugeMetricFamily(
+            "strata_watermark_seconds",
+            "Unix time of a raw stream's watermark (its latest event time less its delay).",
+            labels=["stream"],
+        )
+        for row in connection.execute(
+            sa.select(progress.c.stream, progress.c.watermark).where(
+                progress.c.watermark.is_not(None)
+            )
+        ):
+            watermark.add_metric([row.stream], row.watermark.timestamp())
+        yield watermark
+
+    def _partial_rows(self, connection: sa.Connection) -> Metric:
+        family = GaugeMetricFamily(
+            "strata_partial_rows",
+            "Rows in a derived stream's partial archive (what the reducer folds): exact up to "
+            f"{EXACT_COUNT_PAGES * 8 // 1024} MiB, above that an estimate, pg_class.reltuples "
+            "(PostgreSQL's statistics) scaled to the table's current size.",
+            labels=["stream"],
+        )
+        streams = {
+            partial_archive_table(name): name
+            for name, record in self.plans.load(connection).items()
+            if isinstance(record.plan, DerivedStreamPlan)
+        }
+        if not streams:
+            return family
+        tables = connection.execute(
+            sa.text(
+                "SELECT c.relname, c.reltuples, c.relpages, "
+                "pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = :schema AND c.relname = ANY(:names)"
+            ),
+            {"schema": INTERNAL_SCHEMA, "names": sorted(streams)},
+        ).all()
+        driver = connection.connection.driver_connection
+        for table in tables:
+            if table.pages > EXACT_COUNT_PAGES and table.reltuples >= 0:
+                rows = table.reltuples
+                if table.relpages > 0:  # rows per page at the last ANALYZE, times pages now
+                    rows = table.reltuples / table.relpages * table.pages
+            else:
+                name = sql.Identifier(INTERNAL_SCHEMA, table.relname).as_string(driver)
+                try:
+                    with connection.begin_nested():  # the stream may be dropped meanwhile
+                        rows = connection.execute(sa.text(f"SELECT count(*) FROM {name}")).scalar()
+                except sa.exc.ProgrammingError:
+                    continue
+            family.add_metric([streams[table.relname]], round(rows or 0))
+        return family
