@@ -12,16 +12,17 @@ from pathlib import Path
 import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
+from server import faults
 from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres, Supervisor
 from server.reducer import Reducer
 from server.retention import Retention
-from server.serial import Materializer, Repairer
 from server.security import configure_reader, secret
+from server.serial import Materializer, Repairer
 from server.service import StrataService
 from server.settings import Settings
-from server.spark import create_spark_session, stop_spark_session
+from server.spark import create_spark_session, jvm_pid, stop_spark_session
 from server.spool import Spool
 from server.workers import Worker
 
@@ -60,6 +61,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
         database_url = embedded.start()
         supervisor = Supervisor(embedded)
         supervisor.start()
+        faults.register("postgres", lambda: embedded.pid if embedded else None)
     engine = create_catalog_engine(database_url)
     backend: SparkBackend | None = None
     service = None
@@ -78,6 +80,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
 
         # The backend starts Spark again with the same settings when its JVM dies.
         backend = SparkBackend(start_spark(), restart=start_spark)
+        faults.register("spark", lambda: jvm_pid(backend.spark) if backend else None)
         service = StrataService(engine, backend, Spool(settings.spool_dir))
         service.batch_max_rows = settings.batch_max_rows
         service.backfiller.chunk_rows = settings.backfill_chunk_rows

@@ -29,7 +29,7 @@ from pyspark.errors import PySparkException
 from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
 from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream, UnsupportedSQL
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
-from server import catalog
+from server import catalog, faults
 from server.archive import copy_in, internal_table
 from server.backend import SparkBackend
 from server.backfill import Backfiller, backfill_progress, plan_backfill
@@ -386,6 +386,7 @@ class StrataService:
         runs = [r for r in runs if r not in lost]
         if not runs:
             return
+        faults.reach("after_spool", [r.run_id for r in runs])
         try:
             batch = self._prepare(stream, runs)
         except PySparkException as err:
@@ -402,6 +403,7 @@ class StrataService:
         data = pa.concat_tables([self.spool.read(path) for path in paths])
         started = time.perf_counter()
         dependents = catalog.dependents(self.streams(), stream)
+        faults.reach("in_spark", [r.run_id for r in runs])
         partials = self.backend.partials(data, dependents, source=stream, files=paths)
         return _Batch(stream, runs, data, dependents, partials, time.perf_counter() - started)
 
@@ -474,6 +476,7 @@ class StrataService:
             break
         else:
             raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
+        faults.reach("after_commit", [r.run_id for r in batch.runs])
         for run in batch.runs:
             if run.spool_path:
                 self.spool.remove(run.spool_path)
@@ -518,4 +521,5 @@ class StrataService:
             seqs = [r.seq for r in runs]
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             record_corrections(connection, records, raw, batch.data)
+            faults.reach("in_pg_write", [r.run_id for r in runs])
             return late_rows

@@ -47,6 +47,7 @@ class Server:
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"strata-{self.port}.log"
+        self.database_url = ""
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
@@ -72,6 +73,7 @@ class Server:
             assert self.process.poll() is None, self.log.read_text()[-4000:]
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self.database_url = httpx.get(f"{self.url}/info").json()["database_url"]
                     return
             except httpx.HTTPError:
                 pass
