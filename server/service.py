@@ -27,7 +27,7 @@ from psycopg import sql
 from pyspark.errors import PySparkException
 
 from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
-from rewriter.errors import StrataError, StreamExists, StreamInUse, UnknownStream, UnsupportedSQL
+from rewriter.errors import InvalidSQL, StrataError, StreamExists, StreamInUse, UnknownStream
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog, faults
 from server.archive import copy_in, internal_table
@@ -160,11 +160,15 @@ class StrataService:
                 raise StreamExists(f"stream {plan.name!r} already exists") from None
             raise
         except (sa.exc.DBAPIError, psycopg.Error) as err:
-            # PostgreSQL's limits (class 54: too many columns, too complex) are the
-            # statement's problem, not the server's.
+            # PostgreSQL refusing the statement's own SQL is the statement's problem, not
+            # the server's: a data exception (22, e.g. '1 minute' compared with a bigint),
+            # a type or name error the rewriter let through (42) or a limit (54).
             cause = getattr(err, "orig", None) or err
-            if str(getattr(cause, "sqlstate", "") or "").startswith("54"):
-                raise UnsupportedSQL(f"PostgreSQL cannot create this stream: {cause}") from None
+            state = str(getattr(cause, "sqlstate", "") or "")
+            if state[:2] in ("22", "42", "54") and state != "42501":
+                diag = getattr(cause, "diag", None)
+                reason = getattr(diag, "message_primary", None) or str(cause)
+                raise InvalidSQL(f"PostgreSQL refuses this stream: {reason}") from None
             raise
         return self.stream(plan.name)
 
