@@ -1,0 +1,116 @@
+"""Limits and backpressure: the run size limit (413) and the spool limit (429 with
+Retry-After, or a bounded wait for room), against a real PostgreSQL and Spark.
+
+The service here starts with its workers stopped, so that runs stay in the spool until
+the test lets them commit: the spool is full exactly when the test says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pyspark.sql import SparkSession
+
+from server.api.app import create_app
+from server.backend import SparkBackend
+from server.catalog import create_catalog_engine, migrate
+from server.service import StrataService
+from server.settings import Settings
+from server.spool import Spool
+from tests.conftest import Strata
+
+STREAM = "CREATE STREAM lim (k text, t timestamptz) WITH (event_time = 't')"
+ROW = '{"k": "a", "t": "2024-01-01T00:00:00Z"}\n'
+
+
+@pytest.fixture
+def idle(fresh_db: str, spark: SparkSession, tmp_path: Path) -> Iterator[Strata]:
+    """A Strata whose run workers are not started (runs stay pending in the spool)."""
+    engine = create_catalog_engine(fresh_db)
+    migrate(engine)
+    service = StrataService(engine, SparkBackend(spark), Spool(tmp_path / "spool"))
+    settings = Settings(data_dir=tmp_path, run_wait_timeout=60, max_spool_bytes=1)
+    app = create_app(service, settings, {"database_url": fresh_db})
+    try:
+        with TestClient(app) as client:
+            strata = Strata(client, service, fresh_db)
+            assert client.post("/streams", json={"sql": STREAM}).status_code == 201
+            yield strata
+    finally:
+        service.stop()
+        engine.dispose()
+
+
+def configure(strata: Strata, **changes: object) -> None:
+    app = strata.client.app
+    app.state.settings = app.state.settings.model_copy(update=changes)
+
+
+def test_full_spool_refuses_new_runs_with_retry_after(idle: Strata) -> None:
+    first = idle.post_run("lim", ROW, run_id="first", wait=False)
+    assert first.status_code == 202
+    assert idle.service.spool.pending_bytes() > 0
+    refused = idle.post_run("lim", ROW, run_id="second", wait=False)
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "2"
+    assert "spool is full" in refused.json()["error"]
+    assert "STRATA_MAX_SPOOL_BYTES" in refused.json()["error"]
+    # Nothing of the refused run was recorded or spooled.
+    assert idle.client.get("/runs/second").status_code == 404
+    assert len(list(idle.service.spool.directory.iterdir())) == 1
+    # A retry of a run already accepted still gets its answer.
+    again = idle.post_run("lim", ROW, run_id="first", wait=False)
+    assert again.status_code == 202 and again.json()["run_id"] == "first"
+    # Without a limit the spool takes anything.
+    configure(idle, max_spool_bytes=0)
+    assert idle.post_run("lim", ROW, run_id="second", wait=False).status_code == 202
+
+
+def test_full_spool_waits_a_bounded_time_then_refuses(idle: Strata) -> None:
+    configure(idle, spool_full="wait", spool_full_wait=0.6)
+    assert idle.post_run("lim", ROW, run_id="first", wait=False).status_code == 202
+    started = time.monotonic()
+    refused = idle.post_run("lim", ROW, run_id="second", wait=False)
+    assert refused.status_code == 429
+    assert time.monotonic() - started >= 0.6
+    assert "after waiting 0.6 s" in refused.json()["error"]
+    assert refused.headers["retry-after"] == "2"
+
+
+def test_full_spool_waits_for_room_as_runs_commit(idle: Strata) -> None:
+    configure(idle, spool_full="wait", spool_full_wait=60)
+    assert idle.post_run("lim", ROW, run_id="first", wait=False).status_code == 202
+    # The workers start a moment later; the waiting run goes in once the first commits.
+    starter = threading.Timer(1.0, idle.service.start)
+    starter.start()
+    try:
+        started = time.monotonic()
+        second = idle.post_run("lim", ROW, run_id="second", wait=True)
+        assert second.status_code == 200, second.text
+        assert time.monotonic() - started >= 1.0
+    finally:
+        starter.join()
+    assert idle.client.get("/runs/first").json()["status"] == "committed"
+    assert idle.query("SELECT count(*) FROM lim") == [(2,)]
+
+
+def test_run_size_limit(idle: Strata) -> None:
+    configure(idle, max_run_bytes=100, max_spool_bytes=0)
+    body = ROW * 3
+    assert len(body) > 100
+    too_big = idle.post_run("lim", body, wait=False)
+    assert too_big.status_code == 413
+    assert "exceeds the limit of 100 bytes" in too_big.json()["error"]
+    chunked = idle.client.post(
+        "/streams/lim/runs",
+        content=iter([body.encode()[:60], body.encode()[60:]]),
+        headers={"content-type": "application/x-ndjson"},
+    )
+    assert chunked.status_code == 413
+    assert idle.post_run("lim", ROW, wait=False).status_code == 202
+    assert idle.query("SELECT count(*) FROM strata_catalog.runs") == [(1,)]
