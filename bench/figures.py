@@ -12,6 +12,7 @@ where ``scale`` is one of SCALES: ``full`` (the figures the README reports) or `
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -48,4 +49,6 @@ class Result:
         return self.value / self.baseline if self.baseline else float("nan")
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self) | {"ratio": float(f"{self.ratio:.4g}")}  # 4 significant digits
+        # 4 significant digits; null when there is no ratio (a baseline of 0: rows lost, say)
+        ratio = float(f"{self.ratio:.4g}") if math.isfinite(self.ratio) else None
+        return asdict(self) | {"ratio": ratio}

@@ -106,6 +106,8 @@ def _number(value: float, unit: str) -> str:
 
 
 def _ratio(ratio: float) -> str:
+    if not math.isfinite(ratio):
+        return "n/a"
     return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
 
 

@@ -56,18 +56,19 @@ def test_bench_smoke(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
 
-    names = subprocess.run(
-        [sys.executable, "bench/run.py", "--list"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.split()
+    names = sorted(path.stem for path in out.glob("*.json"))  # one per benchmark run
     assert {"ingest", "reduce", "backfill"} <= set(names)
     for name in names:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["benchmark"] == name and result["scale"] == "smoke"
         assert result["error"] is None and result["figures"], result
         for figure in result["figures"]:
-            assert figure["value"] > 0 and figure["baseline"] > 0, figure
-            assert figure["ratio"] == pytest.approx(figure["value"] / figure["baseline"], 1e-3)
+            assert figure["value"] >= 0 and figure["baseline"] >= 0, figure
+            if figure["baseline"]:  # a count of rows lost may be 0 on both sides: no ratio
+                ratio = figure["value"] / figure["baseline"]
+                assert figure["ratio"] == pytest.approx(ratio, 1e-3)
             assert figure["better"] in ("higher", "lower") and figure["unit"]
+        assert any(figure["ratio"] for figure in result["figures"]), result
     summary = (out / "summary.md").read_text()
     assert "| benchmark | figure |" in summary and "Scale `smoke`" in summary
     assert all(f"| {name} |" in summary for name in names)
