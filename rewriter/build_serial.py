@@ -132,8 +132,11 @@ def build_serial(
     window_column = exp.column(naming.SERIAL_WINDOW_COLUMN, quoted=True)
     windows = _setting(naming.SERIAL_WINDOWS_SETTING, "timestamptz[]")
     stream = exp.Literal.string(name)
-    until = exp.func("strata_serial_until", stream)
-    corrected = exp.func("strata_serial_corrected", stream)
+    # Scalar subqueries: PostgreSQL evaluates them once per query (an InitPlan), not per row.
+    until = exp.select(exp.func("strata_serial_until", stream)).subquery()
+    corrected = exp.cast(  # an array expression, not ANY over a subquery's rows
+        exp.select(exp.func("strata_serial_corrected", stream)).subquery(), "timestamptz[]"
+    )
 
     columns = [exp.column(o.name, quoted=True) for o in outputs]
     archived = (
