@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
+from server.cluster import executors_share_disk
 from server.spark import discard_spark_session, jvm_died
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,21 @@ class SparkRestarted(Exception):  # noqa: N818 - names what happened, the caller
 
 class SparkBackend:
     def __init__(
-        self, spark: SparkSession, restart: Callable[[], SparkSession] | None = None
+        self,
+        spark: SparkSession,
+        restart: Callable[[], SparkSession] | None = None,
+        *,
+        shared_spool: bool | None = None,
     ) -> None:
         self.spark = spark
         self._restart = restart
         self._generation = 0  # sessions of earlier generations belong to a dead JVM
         self._lock = threading.Lock()
         self._local = threading.local()
-        # Executors of a local master share the driver's disk, so they can read spooled
-        # runs straight from their files; a cluster's executors get the rows shipped.
-        self.reads_files = (spark.sparkContext.master or "").startswith("local")
+        # Executors that share the driver's disk (local mode, a cluster on loopback, or
+        # shared storage: STRATA_SHARED_SPOOL) read spooled runs straight from their files;
+        # other executors get the rows shipped from the driver.
+        self.reads_files = executors_share_disk(spark.sparkContext.master or "", shared_spool)
 
     def _session(self) -> tuple[SparkSession, int]:
         with self._lock:  # waits while a restart is under way

@@ -1,4 +1,5 @@
-"""The `strata` command: `strata up` runs everything, `strata info` says where it is."""
+"""The `strata` command: `strata up` runs everything, `strata info` says where it is,
+`strata cluster` runs a Spark standalone cluster on this machine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from server.settings import Settings
@@ -117,6 +119,46 @@ def backfill_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cluster(args: argparse.Namespace) -> int:
+    """Run a Spark standalone cluster on loopback until Ctrl-C (or SIGTERM)."""
+    from server.cluster import LocalCluster
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
+    directory = Path(args.dir) if args.dir else None
+    local = LocalCluster(
+        args.workers,
+        cores=args.cores,
+        memory=args.memory,
+        port=args.port,
+        webui_port=args.webui_port,
+        directory=directory,
+    )
+    try:
+        with local:
+            print(
+                json.dumps(
+                    {
+                        "master": local.master_url,
+                        "web_ui": local.web_url,
+                        "workers": len(local.workers),
+                        "logs": str(local.directory / "logs"),
+                    }
+                ),
+                flush=True,
+            )
+            print(f"export STRATA_SPARK_MASTER={local.master_url}", flush=True)
+            while all(d.running() for d in [local.master, *local.workers] if d is not None):
+                time.sleep(1)
+            print("strata: a Spark daemon exited; stopping the cluster", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     status.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
     status.set_defaults(run=backfill_status)
+    spark = commands.add_parser(
+        "cluster", help="run a Spark standalone cluster on 127.0.0.1 (for STRATA_SPARK_MASTER)"
+    )
+    spark.add_argument("--workers", type=int, default=2, help="number of workers (2)")
+    spark.add_argument("--cores", type=int, default=1, help="cores of each worker (1)")
+    spark.add_argument("--memory", default="1g", help="memory of each worker (1g)")
+    spark.add_argument("--port", type=int, default=7077, help="master port (7077)")
+    spark.add_argument("--webui-port", type=int, default=8081, help="master web UI port (8081)")
+    spark.add_argument("--dir", help="logs and work dirs (default: a temp dir, removed)")
+    spark.set_defaults(run=cluster)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

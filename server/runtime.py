@@ -41,6 +41,8 @@ class Runtime:
         return {
             "database_url": self.database_url,
             "spark_master": self.settings.spark_master or "local[*]",
+            # Whether executors read spooled runs from their files (see STRATA_SHARED_SPOOL).
+            "shared_spool": self.service.backend.reads_files,
             "data_dir": str(self.settings.data_dir.resolve()),
             "http": f"http://{self.settings.host}:{self.settings.port}",
             "embedded_postgres": self.settings.database_url is None,
@@ -79,7 +81,9 @@ def running(settings: Settings) -> Iterator[Runtime]:
             )
 
         # The backend starts Spark again with the same settings when its JVM dies.
-        backend = SparkBackend(start_spark(), restart=start_spark)
+        backend = SparkBackend(
+            start_spark(), restart=start_spark, shared_spool=settings.shared_spool
+        )
         faults.register("spark", lambda: jvm_pid(backend.spark) if backend else None)
         service = StrataService(engine, backend, Spool(settings.spool_dir))
         service.batch_max_rows = settings.batch_max_rows

@@ -33,6 +33,13 @@ class Settings(BaseSettings):
         description="Spark master URL (e.g. spark://host:7077). Unset: local Spark in-process.",
     )
     spark_driver_memory: str = Field("2g", description="Memory of the Spark driver JVM.")
+    shared_spool: bool | None = Field(
+        None,
+        description="Whether Spark executors see the data directory at the driver's path "
+        "(shared storage such as NFS), so that they read spooled runs and back-fill chunks "
+        "from their Parquet files; false: the driver ships the rows. Unset: true for local "
+        "Spark and for a standalone master on loopback (spark://127.0.0.1:...), else false.",
+    )
     batch_max_rows: int = Field(
         1_000_000,
         description="Most rows the backend processes in one Spark job (several runs batched).",

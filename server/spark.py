@@ -16,6 +16,7 @@ import psutil
 from pyspark import SparkContext
 from pyspark.sql import SparkSession, SQLContext
 
+from server.cluster import on_this_machine
 from server.java import find_java_home
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def create_spark_session(
         "spark.ui.retainedTasks": "1000",
         "spark.sql.ui.retainedExecutions": "50",
     }
-    if master.startswith("local"):
+    if on_this_machine(master):  # local mode, or a standalone cluster on loopback
         # Otherwise Spark warns that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf |= {

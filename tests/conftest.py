@@ -78,8 +78,10 @@ def fresh_db(pg_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """A local[2] SparkSession shared by the whole test run."""
-    session = create_spark_session("local[2]", local_dir=tmp_path_factory.mktemp("spark"))
+    """A SparkSession shared by the whole test run: local[2], or a session on the cluster
+    $STRATA_TEST_SPARK_MASTER names (tests/test_cluster.py runs tests that way)."""
+    master = os.environ.get("STRATA_TEST_SPARK_MASTER") or "local[2]"
+    session = create_spark_session(master, local_dir=tmp_path_factory.mktemp("spark"))
     try:
         yield session
     finally:

@@ -167,3 +167,15 @@ def test_dockerfile_builds_strata(services: dict[str, Any]) -> None:
     copied = " ".join(re.findall(r"^COPY\s+(.*)$", text, re.MULTILINE)).split()
     for needed in ("pyproject.toml", "server", "rewriter", "migrations", "sql"):
         assert needed in copied, f"the Dockerfile does not COPY {needed}"
+
+
+def test_shared_spool_is_mounted_where_executors_run(services: dict[str, Any]) -> None:
+    """STRATA_SHARED_SPOOL=true promises that executors see Strata's data dir at the same
+    path: the workers must mount the volume the strata service keeps its data dir on."""
+    strata = services["strata"]
+    if environment(strata).get("STRATA_SHARED_SPOOL", "").lower() not in ("true", "1", "yes"):
+        return
+    data_dir = flag(strata_subcommand(command(strata) or dockerfile_cmd()), "--data-dir")
+    volume = next(str(v).split(":")[0] for v in strata["volumes"] if f":{data_dir}" in str(v))
+    mounts = [str(v).split(":")[:2] for v in services["spark-worker"].get("volumes", [])]
+    assert [volume, data_dir] in mounts, mounts
