@@ -171,7 +171,10 @@ def _parse(text: str, sql: str) -> exp.Expr | None:
         # sqlglot gives where the offending token ends; the error names where it starts.
         line_start = 0
         for _ in range(line - 1):
-            line_start = text.index("\n", line_start) + 1
+            found = text.find("\n", line_start)
+            if found < 0:  # sqlglot miscounts lines after a lone '$' at a line's end
+                raise InvalidSQL(f"syntax error: {problem}") from None
+            line_start = found + 1
         start = max(line_start + column - max(len(near), 1), 0)
         near = sql[start : start + len(near)]
         shown = f" at {near!r}" if near.strip() else ""

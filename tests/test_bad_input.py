@@ -638,6 +638,7 @@ DDL_CASES = [
         line=1,
     ),
     Case("empty-statement", sql="  ;  ", says=("empty statement",)),
+    Case("lone-dollar-at-a-line-end", sql="CREATE STREAM?($\n0", says=("syntax error",)),
     Case("sql-not-a-string", sql=5, says=("sql", "valid string")),
     Case("body-not-json", sql=b'{"sql": ', says=("JSON",)),
     Case(
