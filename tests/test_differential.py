@@ -20,7 +20,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 
 import psycopg
 import pyarrow as pa
@@ -32,14 +31,13 @@ from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
 from rewriter.build_views import window_start_spark
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import to_spark
-from rewriter.naming import INTERNAL_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
+from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.types import SqlType
 from server.archive import copy_in
 from server.backend import SparkBackend
+from server.catalog import create_catalog_engine, migrate
 from tests.conftest import new_database
-
-SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 
 # ---------------------------------------------------------------------------------------
 # The rows: one raw stream, loaded into both engines.
@@ -240,15 +238,17 @@ def _arrow_rows() -> pa.Table:
 
 @pytest.fixture(scope="module")
 def db_url(pg_url: str) -> Iterator[str]:
-    """A fresh database holding the raw stream (loaded like a run) and the SQL functions."""
-    with new_database(pg_url) as url, psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{INTERNAL_SCHEMA}"')
-        for sql_file in sorted(SQL_DIR.glob("*.sql")):
-            conn.execute(sql_file.read_text())
-        for statement in _source_plan().create_statements:
-            conn.execute(statement)
-        with conn.cursor() as cursor:
-            copy_in(cursor, raw_archive_table(SOURCE), _arrow_rows())
+    """A fresh database holding the raw stream (loaded like a run) and Strata's functions,
+    installed by the migrations as a server installs them."""
+    with new_database(pg_url) as url:
+        engine = create_catalog_engine(url)
+        migrate(engine)
+        engine.dispose()
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in _source_plan().create_statements:
+                conn.execute(statement)
+            with conn.cursor() as cursor:
+                copy_in(cursor, raw_archive_table(SOURCE), _arrow_rows())
         yield url
 
 
