@@ -15,21 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.reducer import Reducer
 from server.serial import Materializer, Repairer
 from tests.conftest import Strata
-from tests.test_auth import TOKENS, api, bearer
+from tests.test_auth import COUNT, IMPSNS, TOKENS, TOP, api, bearer
 
-IMPSNS = (
-    "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
-    "WITH (event_time = 't')"
-)
-COUNT = (
-    "CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, window_end AS t "
-    "FROM TUMBLE(impsns, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-)
-# Serial (MAX over COUNT): materialized when its windows close, repaired after late data.
-TOP = (
-    "CREATE STREAM impsn_top AS SELECT max(c) AS top, window_end AS t "
-    "FROM TUMBLE(impsn_count, t, INTERVAL '1 minute') GROUP BY window_end"
-)
 # Created after the runs: back-filled.
 REVENUE = (
     "CREATE STREAM impsn_revenue AS SELECT campaign, sum(price) AS revenue, window_end AS t "
