@@ -69,8 +69,10 @@ class SerialStatements:
     (the view reads the archive for materialized windows not awaiting repair)."""
 
     windows_query: str  # window starts in [SERIAL_FROM, SERIAL_TO), at most SERIAL_LIMIT
-    delete_statement: str  # the rows of the windows in SERIAL_WINDOWS
-    insert_statement: str  # the windows in SERIAL_WINDOWS, computed from the source
+    # Both act on the windows listed in SERIAL_WINDOWS and those starting in
+    # [SERIAL_FROM, SERIAL_TO): a list for repair, a range for materialization.
+    delete_statement: str  # the archived rows of those windows
+    insert_statement: str  # those windows, computed from the source
 
 
 @dataclass(frozen=True)

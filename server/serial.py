@@ -118,10 +118,20 @@ def _windows_literal(windows: list[datetime]) -> str:
     return "{" + ",".join(w.isoformat() for w in windows) + "}"
 
 
-def _recompute(driver: object, plan: DerivedStreamPlan, windows: list[datetime]) -> None:
-    """Replace the archived rows of ``windows`` with their current results."""
+def _recompute(
+    driver: object,
+    plan: DerivedStreamPlan,
+    windows: list[datetime],
+    *,
+    start: str = "infinity",
+    end: str = "infinity",
+) -> None:
+    """Replace the archived rows of ``windows`` and of the windows starting in
+    [``start``, ``end``) with their current results."""
     assert plan.serial is not None
     _set(driver, naming.SERIAL_WINDOWS_SETTING, _windows_literal(windows))
+    _set(driver, naming.SERIAL_FROM_SETTING, start)
+    _set(driver, naming.SERIAL_TO_SETTING, end)
     driver.execute(plan.serial.delete_statement)  # type: ignore[attr-defined]
     driver.execute(plan.serial.insert_statement)  # type: ignore[attr-defined]
 
@@ -159,14 +169,15 @@ class Materializer(_SerialWorker):
             if closed is None or (until is not None and until >= closed):
                 return 0
             driver = connection.connection.driver_connection
-            _set(driver, naming.SERIAL_FROM_SETTING, until.isoformat() if until else "-infinity")
+            start = until.isoformat() if until else "-infinity"
+            _set(driver, naming.SERIAL_FROM_SETTING, start)
             _set(driver, naming.SERIAL_TO_SETTING, closed.isoformat())
             _set(driver, naming.SERIAL_LIMIT_SETTING, str(self.batch))
             windows = [row[0] for row in driver.execute(plan.serial.windows_query)]  # type: ignore[union-attr]
-            if windows:
-                _recompute(driver, plan, windows)
             full = len(windows) >= self.batch
             reached = moment(micros(windows[-1]) + plan.window_size_us) if full else closed
+            if windows:  # every window in [start, reached) with source rows: by range
+                _recompute(driver, plan, [], start=start, end=reached.isoformat())
             connection.execute(
                 sa.update(progress)
                 .where(progress.c.stream == plan.name)
