@@ -44,6 +44,18 @@ def create_view(name: str, query: exp.Query) -> str:
     )
 
 
+def create_index(
+    name: str, target: exp.Table, columns: list[exp.Expr], *, using: str | None = None
+) -> str:
+    params = exp.IndexParameters(columns=[exp.Ordered(this=c) for c in columns])
+    if using is not None:
+        params.set("using", exp.Var(this=using))
+    return exp.Create(
+        this=exp.Index(this=exp.to_identifier(name), table=target.copy(), params=params),
+        kind="INDEX",
+    ).sql("postgres")
+
+
 def drop(kind: str, target: exp.Table) -> str:
     return exp.Drop(tables=[target], kind=kind, exists=True).sql("postgres")
 
@@ -60,17 +72,12 @@ def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
     )
     # Back-fill reads history run by run; runs arrive in roughly increasing order, so a
     # BRIN index finds them for next to nothing on ingest.
-    runs_index = exp.Create(
-        this=exp.Index(
-            this=exp.to_identifier(f"{naming.raw_archive_table(statement.name)}_runs"),
-            table=archive.copy(),
-            params=exp.IndexParameters(
-                using=exp.Var(this="brin"),
-                columns=[exp.Ordered(this=exp.column(naming.RUN_COLUMN))],
-            ),
-        ),
-        kind="INDEX",
-    ).sql("postgres")
+    runs_index = create_index(
+        f"{naming.raw_archive_table(statement.name)}_runs",
+        archive,
+        [exp.column(naming.RUN_COLUMN)],
+        using="brin",
+    )
     return RawStreamPlan(
         name=statement.name,
         columns=statement.columns,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import create_view, drop, table
+from rewriter.build_archive import create_index, create_view, drop, table
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan, SerialStatements
 from rewriter.registry import exact_in_postgres
@@ -205,14 +205,9 @@ def build_serial(
     create_archive = exp.Create(
         this=archive.copy(), kind="TABLE", expression=per_window.copy().limit(0)
     ).sql("postgres")
-    archive_index = exp.Create(
-        this=exp.Index(
-            this=exp.to_identifier(f"{naming.serial_archive_table(name)}_window"),
-            table=archive.copy(),
-            params=exp.IndexParameters(columns=[exp.Ordered(this=window_column.copy())]),
-        ),
-        kind="INDEX",
-    ).sql("postgres")
+    archive_index = create_index(
+        f"{naming.serial_archive_table(name)}_window", archive, [window_column.copy()]
+    )
     source = window.source
     raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
     return DerivedStreamPlan(

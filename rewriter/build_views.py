@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import column_def, create_table, create_view, drop, table
+from rewriter.build_archive import column_def, create_index, create_table, create_view, drop, table
 from rewriter.plan import (
     AggregateState,
     DerivedStreamPlan,
@@ -176,16 +176,9 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
             for c, t in partial_columns
         ],
     )
-    index = exp.Create(
-        this=exp.Index(
-            this=exp.to_identifier(f"{naming.partial_archive_table(name)}_window"),
-            table=archive.copy(),
-            params=exp.IndexParameters(
-                columns=[exp.Ordered(this=c) for c in _group_columns(split)]
-            ),
-        ),
-        kind="INDEX",
-    ).sql("postgres")
+    index = create_index(
+        f"{naming.partial_archive_table(name)}_window", archive, _group_columns(split)
+    )
     view = view_query(name, split, window)
     source = window.source
     if isinstance(source, DerivedStreamPlan):
