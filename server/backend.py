@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
@@ -27,6 +29,8 @@ from server.cluster import executors_share_disk
 from server.spark import discard_spark_session, jvm_died
 
 log = logging.getLogger(__name__)
+
+_PARALLEL_JOBS = 4
 
 
 class SparkRestarted(Exception):  # noqa: N818 - names what happened, the caller retries
@@ -50,6 +54,12 @@ class SparkBackend:
         # shared storage: STRATA_SHARED_SPOOL) read spooled runs straight from their files;
         # other executors get the rows shipped from the driver.
         self.reads_files = executors_share_disk(spark.sparkContext.master or "", shared_spool)
+        # The Spark schema of spooled files, per Arrow schema: inferring it reads the files'
+        # footers on the driver for every batch.
+        self._file_schemas: dict[pa.Schema, StructType] = {}
+        # Each aggregate's partial rows come from one Spark job; the jobs of a batch run side
+        # by side, so that one job's scheduling and planning overlap another's tasks.
+        self._jobs = ThreadPoolExecutor(max_workers=_PARALLEL_JOBS, thread_name_prefix="strata-job")
 
     def _session(self) -> tuple[SparkSession, int]:
         with self._lock:  # waits while a restart is under way
@@ -105,21 +115,18 @@ class SparkBackend:
         source: str,
         files: list[str] | None,
     ) -> dict[str, pa.Table]:
-        if files and self.reads_files:
-            frame = session.read.parquet(*files)
-        else:
-            frame = session.createDataFrame(rows)
+        frame = self._read(session, rows, files)
         frame.createOrReplaceTempView(RUN_ROWS_VIEW)
         # Plans come in creation order: a roll-up reads the partial rows of the stream below
         # it, an aggregate over a projection reads the projection's rows; both are
-        # registered under view names and kept in memory for the batch.
+        # registered under view names and kept in memory for the batch, so that their
+        # rows are computed once. The batch's own rows are read again by each job: reading
+        # the spooled Parquet files costs less than caching them.
         read_by_others = {p.partial_input for p in aggregates}
-        cached = [frame] if len(plans) > 1 else []
+        cached: list[DataFrame] = []
         views: list[str] = []
-        results: dict[str, pa.Table] = {}
+        outputs: dict[str, DataFrame] = {}
         try:
-            for frame_ in cached:
-                frame_.cache()
             for plan in plans:
                 if isinstance(plan, ProjectionStreamPlan):
                     branch = plan.branch(source)
@@ -133,10 +140,22 @@ class SparkBackend:
                     output.createOrReplaceTempView(view)
                     views.append(view)
                 if isinstance(plan, DerivedStreamPlan):
-                    results[plan.name] = output.toArrow()
-            return results
+                    outputs[plan.name] = output
+            # A job that reads a cached frame another job is computing waits for its blocks.
+            jobs = {name: self._jobs.submit(output.toArrow) for name, output in outputs.items()}
+            return {name: job.result() for name, job in jobs.items()}
         finally:
             for frame_ in cached:
                 frame_.unpersist()
             for view in [*views, RUN_ROWS_VIEW]:
                 session.catalog.dropTempView(view)
+
+    def _read(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
+        if not (files and self.reads_files):
+            return session.createDataFrame(rows)
+        schema = self._file_schemas.get(rows.schema)
+        if schema is None:
+            frame = session.read.parquet(*files)
+            self._file_schemas[rows.schema] = frame.schema
+            return frame
+        return session.read.schema(schema).parquet(*files)
