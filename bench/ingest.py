@@ -9,8 +9,9 @@ What it does, in one process tree:
    (half of their rows from earlier in the day); all CSV bodies are built before any timing;
 2. starts ``strata up`` as a real subprocess on a free port and a temporary data dir
    (embedded PostgreSQL, local Spark), and reads ``database_url`` from ``GET /info``;
-3. creates the raw stream ``impsns`` and two derived streams over it (1-minute count and
-   revenue per campaign; 5-minute average and maximum price per campaign);
+3. creates the raw stream ``impsns`` and three derived streams over it (1-minute count and
+   revenue per campaign; 5-minute average and maximum price per campaign; the hourly
+   roll-up of the 1-minute stream);
 4. baseline: ``COPY impsns_plain FROM STDIN (FORMAT csv)`` of the same bodies, one COPY per
    body, into a plain table of the same columns in the same database;
 5. Strata: posts every body to ``POST /streams/impsns/runs`` (text/csv) from ``--threads``
@@ -21,8 +22,9 @@ What it does, in one process tree:
    batch GROUP BY in PostgreSQL) and exits non-zero when anything is wrong;
 7. stops the server with SIGTERM and requires a clean exit within 60 s.
 
-Prints a table and one JSON line ``{"rows", "strata_rows_per_s", "copy_rows_per_s",
-"ratio"}``. The server's log is ``<data dir>/server.log`` (kept with ``--keep``).
+Prints a table, where the server's time went (the ingest stages it times: parse, spool,
+spark, postgres; from ``GET /metrics``), and one JSON line ``{"rows", "strata_rows_per_s",
+"copy_rows_per_s", "ratio"}``. The server's log is ``<data dir>/server.log`` (kept with ``--keep``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -61,6 +64,12 @@ STREAMS = [
     "max(price) AS max_price, window_end AS t "
     "FROM TUMBLE({raw}, t, INTERVAL '5 minutes') GROUP BY campaign, window_end",
 ]
+# This benchmark's third derived stream: an hourly roll-up of the 1-minute stream (its
+# partial rows come from the 1-minute stream's, in the same Spark batch).
+ROLLUP = (
+    "CREATE STREAM {raw}_1h AS SELECT campaign, sum(c) AS c, sum(revenue) AS revenue, "
+    "window_end AS t FROM TUMBLE({raw}_1m, t, INTERVAL '1 hour') GROUP BY campaign, window_end"
+)
 # Each view's columns, and the same aggregates as a batch query over the raw archive (the
 # oracle of DESIGN.md's invariant 1).
 ORACLES = {
@@ -77,6 +86,18 @@ ORACLES = {
         "FROM {source} GROUP BY 1, 4",
     ),
 }
+# The roll-up's oracle: a roll-up places each lower window by its start (README, "Streams
+# over derived streams"), so every row counts in the hour it falls in.
+ROLLUP_ORACLE = {
+    "_1h": (
+        "campaign, c, revenue, t",
+        "SELECT campaign, count(*), sum(price), "
+        "date_bin('1 hour', t, '1970-01-01 00:00:00+00') + interval '1 hour' "
+        "FROM {source} GROUP BY 1, 4",
+    ),
+}
+# Stages of ingestion the server times (strata_ingest_stage_seconds of GET /metrics).
+STAGES = ("parse", "spool", "spark", "postgres")
 HEADER = "campaign,user_id,price,t\n"
 DAY = "2024-01-01"
 DAY_MS = 86_400_000
@@ -315,11 +336,13 @@ class Timing:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-def create_streams(client: httpx.Client, raw: str, delay: str | None = None) -> None:
+def create_streams(
+    client: httpx.Client, raw: str, delay: str | None = None, *, rollup: bool = False
+) -> None:
     """The raw stream ``raw`` (with the watermark delay ``delay``, e.g. '10 minutes') and its
-    two derived streams."""
+    two derived streams, and with ``rollup`` the hourly roll-up of the first."""
     options = f", delay = '{delay}'" if delay else ""
-    for template in STREAMS:
+    for template in [*STREAMS, ROLLUP] if rollup else STREAMS:
         response = client.post("/streams", json={"sql": template.format(raw=raw, options=options)})
         if response.status_code != 201:
             raise BenchError(f"creating stream failed: {response.status_code} {response.text}")
@@ -424,6 +447,16 @@ def post_runs(server: Server, data: Dataset, threads: int, mode: str, raw: str =
     return Timing("Strata HTTP ingest", data.rows, seconds, notes, extra)
 
 
+def stage_seconds(client: httpx.Client) -> dict[str, float]:
+    """The server's strata_ingest_stage_seconds_total by stage, from GET /metrics."""
+    response = client.get("/metrics")
+    response.raise_for_status()
+    found = re.findall(
+        r'^strata_ingest_stage_seconds_total\{stage="(\w+)"\} (\S+)$', response.text, re.M
+    )
+    return {stage: float(value) for stage, value in found}
+
+
 def poll_committed(client: httpx.Client, run_ids: list[str], data: Dataset) -> None:
     pending = dict(zip(run_ids, data.rows_per_body, strict=True))
     deadline = time.monotonic() + HTTP_TIMEOUT
@@ -466,15 +499,15 @@ def verify(database_url: str, rows: int) -> list[str]:
         )
         if differ:
             problems.append(f"{RAW} and {PLAIN} differ in {differ} rows")
-        problems += oracle_problems(conn, RAW)
+        problems += oracle_problems(conn, RAW, rollup=True)
     return problems
 
 
-def oracle_problems(conn: psycopg.Connection, raw: str) -> list[str]:
+def oracle_problems(conn: psycopg.Connection, raw: str, *, rollup: bool = False) -> list[str]:
     """Views of ``raw`` (streams made by create_streams) that differ from the same query as a
     batch GROUP BY over the raw archive."""
     problems = []
-    for suffix, (names, oracle) in ORACLES.items():
+    for suffix, (names, oracle) in (ORACLES | ROLLUP_ORACLE if rollup else ORACLES).items():
         view = f"{raw}{suffix}"
         batch = oracle.format(source=raw)
         row = conn.execute(
@@ -524,12 +557,14 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
         server = start_server(data_dir)
         timings.append(Timing("strata up", 0, server.started_in, server.database_url))
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
-            create_streams(client, RAW)
+            create_streams(client, RAW, rollup=True)
             if args.warmup:
                 timings.append(Timing("warm-up run", 0, warm_up(client, data), "1000 rows"))
-        load_before = os.getloadavg()[0]
-        copy = copy_baseline(server.database_url, data)
-        strata = post_runs(server, data, args.threads, args.mode)
+            load_before = os.getloadavg()[0]
+            copy = copy_baseline(server.database_url, data)
+            before = stage_seconds(client)
+            strata = post_runs(server, data, args.threads, args.mode)
+            profile = {k: v - before.get(k, 0.0) for k, v in stage_seconds(client).items()}
         strata.notes += ", p50 {latency_p50_s:.2f}s max {latency_max_s:.2f}s".format(**strata.extra)
         if args.mode == "async":
             strata.notes += f", accepted after {strata.extra['accepted_s']:.2f}s"
@@ -559,6 +594,11 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
         print(
             f"\n{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, "
             f"{os.getloadavg()[0]:.2f} after the timed phases"
+        )
+        print(
+            "where Strata's time went (seconds summed over runs and batches; stages of "
+            "different runs overlap): "
+            + ", ".join(f"{stage} {profile.get(stage, 0.0):.2f}" for stage in STAGES)
         )
         trouble = log_problems(server)
         if trouble:
@@ -591,6 +631,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
                     "copy_seconds": round(copy.seconds, 3),
                     "latency_p50_s": round(strata.extra["latency_p50_s"], 3),
                     "latency_max_s": round(strata.extra["latency_max_s"], 3),
+                    **{f"{k}_s": round(profile.get(k, 0.0), 3) for k in STAGES},
                 },
             )
         )

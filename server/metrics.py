@@ -101,6 +101,16 @@ class Metrics:
             ["worker"],
             registry=registry,
         )
+        self.stage_seconds = Counter(
+            "strata_ingest_stage_seconds",
+            "Seconds spent in each stage of ingestion, summed over runs and batches: parse "
+            "(request body to Arrow, in the request), spool (the durable spool file and "
+            "the run's catalog row), spark (the partial rows of a batch), postgres (the "
+            "commit transaction: raw rows, partial rows, progress). Stages of different "
+            "runs overlap, so the sum can exceed the wall-clock time.",
+            ["stage"],
+            registry=registry,
+        )
         self.http_errors = Counter(
             "strata_http_errors",
             "HTTP error responses (4xx and 5xx), by status and error class.",
@@ -140,6 +150,9 @@ class Metrics:
         with self._lock:
             self._accepted.pop(seq, None)
         self.runs_rejected.labels(stream).inc()
+
+    def stage_took(self, stage: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage).inc(seconds)
 
     def worker_handled(self, worker: str, stream: str, items: int) -> None:
         self.worker_items.labels(worker, stream).inc(items)

@@ -251,12 +251,16 @@ class StrataService:
                 f"stream {stream!r} is derived; post runs to its raw source "
                 f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
+        started = time.perf_counter()
         table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
+        parsed = time.perf_counter()
+        self.metrics.stage_took("parse", parsed - started)
         with self.engine.begin() as connection:
             seq = catalog.next_run_seq(connection)
         path = self.spool.write(seq, _with_run_column(table, seq))
         with self.engine.begin() as connection:
             claimed = catalog.claim_run(connection, seq, run_id, stream, table.num_rows, str(path))
+        self.metrics.stage_took("spool", time.perf_counter() - parsed)
         if claimed is None:  # a concurrent request with the same run id won
             self.spool.remove(path)
             known = self.run(run_id)
@@ -409,7 +413,9 @@ class StrataService:
         dependents = catalog.dependents(self.streams(), stream)
         faults.reach("in_spark", [r.run_id for r in runs])
         partials = self.backend.partials(data, dependents, source=stream, files=paths)
-        return _Batch(stream, runs, data, dependents, partials, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.stage_took("spark", seconds)
+        return _Batch(stream, runs, data, dependents, partials, seconds)
 
     def _finish(self, seq: int) -> None:
         with self._done_lock:
@@ -468,13 +474,15 @@ class StrataService:
                     break
                 batch = self._prepare(batch.stream, retry.runs)
                 continue
+            seconds = time.perf_counter() - started
+            self.metrics.stage_took("postgres", seconds)
             log.info(
                 "committed %d runs of %s: %d rows; Spark %.2fs, PostgreSQL %.2fs",
                 len(batch.runs),
                 batch.stream,
                 batch.data.num_rows,
                 batch.spark_seconds,
-                time.perf_counter() - started,
+                seconds,
             )
             self.metrics.runs_done(batch.stream, batch.seqs, batch.data.num_rows, late_rows)
             break

@@ -73,6 +73,10 @@ def test_metrics_follow_runs_late_rows_workers_and_errors(strata: Strata) -> Non
     assert value(first, "strata_partial_rows", stream="impsn_count") == 2  # (00:00, a), (00:01, b)
     assert value(first, "strata_spool_rows", stream="impsns") == 0
     assert value(first, "strata_watermark_seconds", stream="impsns") > 0
+    # Every stage of ingestion took some time, and the first run went through each.
+    for stage in ("parse", "spool", "spark", "postgres"):
+        assert value(before, "strata_ingest_stage_seconds_total", stage=stage) == 0
+        assert value(first, "strata_ingest_stage_seconds_total", stage=stage) > 0, stage
 
     # One row behind the watermark (00:01:10), one ahead of it.
     strata.ingest("impsns", LATE)
