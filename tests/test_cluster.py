@@ -1,8 +1,8 @@
 """Scale-out: Strata on a Spark standalone cluster (a Master and two Workers of one core on
 127.0.0.1, started by these tests with server/cluster.py from the pyspark package).
 
-The tests marked ``cluster`` take minutes on two cores and are not part of the default run:
-``python3 dev.py test --cluster`` (or ``pytest -m cluster``) runs them. Against the cluster:
+The tests marked ``cluster`` (about 100 s on two cores) are part of the default run;
+``python3 dev.py test --cluster`` (or ``pytest -m cluster``) runs them alone. Against the cluster:
 the end-to-end session of `strata up` (tests/test_e2e.py), the order-independence property
 test (tests/test_order_independence.py, in a pytest of its own whose ``spark`` fixture
 connects to the cluster through STRATA_TEST_SPARK_MASTER), and runs whose rows the driver
