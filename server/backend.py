@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pyarrow as pa
 from pyspark.errors import PySparkException
@@ -143,6 +143,7 @@ class SparkBackend:
                     outputs[plan.name] = output
             # A job that reads a cached frame another job is computing waits for its blocks.
             jobs = {name: self._jobs.submit(output.toArrow) for name, output in outputs.items()}
+            wait(jobs.values())  # all of them, even when one fails, before the clean-up
             return {name: job.result() for name, job in jobs.items()}
         finally:
             for frame_ in cached:
