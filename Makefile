@@ -1,13 +1,11 @@
-# Benchmarks (see README.md, "Benchmarks"). The environment comes from `python3 dev.py test`
-# (or `pip install -e ".[bench]"` into .venv).
-PYTHON ?= .venv/bin/python
-
+# Benchmarks (see README.md, "Benchmarks"). `python3 dev.py bench` installs the environment
+# into .venv first (as `python3 dev.py test` does), so both targets work from a fresh clone.
 .PHONY: bench bench-smoke
 
 # Every benchmark of bench/ at full scale: bench/results/, and the table in README.md.
 bench:
-	$(PYTHON) bench/run.py --scale full
+	python3 dev.py bench --scale full
 
-# The same at tiny scale (about a minute on an idle machine): bench/results/smoke/ only.
+# The same at tiny scale (about a minute and a half on an idle machine): bench/results/smoke/ only.
 bench-smoke:
-	$(PYTHON) bench/run.py --scale smoke
+	python3 dev.py bench --scale smoke

