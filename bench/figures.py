@@ -13,6 +13,7 @@ where ``scale`` is one of SCALES: ``full`` (the figures the README reports) or `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -52,3 +53,23 @@ class Result:
         # 4 significant digits; null when there is no ratio (a baseline of 0: rows lost, say)
         ratio = float(f"{self.ratio:.4g}") if math.isfinite(self.ratio) else None
         return asdict(self) | {"ratio": ratio}
+
+
+def latency_results(
+    figure: str, seconds: Mapping[str, float], baseline_name: str, samples: int
+) -> list[Result]:
+    """The p50 and the p99 of a latency in seconds, Strata's (``strata_p50_s``) against the
+    peer's (``sss_p50_s``) of ``seconds``; ``figure`` names it with ``{q}`` for the
+    percentile."""
+    return [
+        Result(
+            figure.format(q=q),
+            seconds[f"strata_{q}_s"],
+            seconds[f"sss_{q}_s"],
+            baseline_name,
+            "s",
+            "lower",
+            context={"samples": samples},
+        )
+        for q in ("p50", "p99")
+    ]

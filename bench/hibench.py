@@ -96,7 +96,7 @@ from typing import Any
 import httpx
 import psycopg
 import pyarrow.csv as pa_csv
-from figures import Result, check_scale  # bench/figures.py, next to this script
+from figures import Result, check_scale, latency_results  # bench/figures.py, next to this
 from ingest import (  # bench/ingest.py, next to this script
     HTTP_TIMEOUT,
     BenchError,
@@ -105,6 +105,7 @@ from ingest import (  # bench/ingest.py, next to this script
     Timing,
     _timestamp,
     clean_up,
+    copy_baseline,
     post_runs,
     print_table,
     start_server,
@@ -262,20 +263,6 @@ def split(data: Dataset, first: int) -> tuple[Dataset, Dataset]:
         Dataset(data.bodies[:first], data.rows_per_body[:first], []),
         Dataset(data.bodies[first:], data.rows_per_body[first:], []),
     )
-
-
-def copy_plain(database_url: str, data: Dataset) -> Timing:
-    """Every body into the plain table ``hb_plain`` (one COPY per body), for the checks."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {PLAIN}")
-        conn.execute(f"CREATE TABLE {PLAIN} ({COLUMNS})")
-        started = time.monotonic()
-        with conn.cursor() as cursor:
-            for body in data.bodies:
-                with cursor.copy(f"COPY {PLAIN} FROM STDIN (FORMAT csv, HEADER true)") as copy:
-                    copy.write(body)
-        seconds = time.monotonic() - started
-    return Timing("PostgreSQL COPY", data.rows, seconds, f"{len(data.bodies)} COPYs (context)")
 
 
 # ---- one engine's measurements ---------------------------------------------------------------
@@ -564,7 +551,8 @@ def run(
                 server = starting.result()  # to be stopped, whatever happens
         timings.append(Timing("strata up", 0, server.started_in, server.database_url))
         url = server.database_url
-        copy = copy_plain(url, data)
+        # Every body into the plain table the checks compare with.
+        copy = copy_baseline(url, data, PLAIN, COLUMNS)
         timings.append(copy)
         results["copy_rows_per_s"] = round(copy.rows_per_s)
         results["load_average_before"] = os.getloadavg()[0]
@@ -705,19 +693,13 @@ def figures(results: dict[str, Any]) -> list[Result]:
                 context=context,
             )
         )
-        for q in ("p50", "p99"):
-            out.append(
-                Result(
-                    f"HiBench {workload}: latency {q}, runs of {results['run_rows']:,} records "
-                    "(arrival to committed in PostgreSQL)",
-                    f[f"strata_{q}_s"],
-                    f[f"sss_{q}_s"],
-                    spark,
-                    "s",
-                    "lower",
-                    context={"samples": f["latency_samples"]},
-                )
-            )
+        out += latency_results(
+            f"HiBench {workload}: latency {{q}}, runs of {results['run_rows']:,} records "
+            "(arrival to committed in PostgreSQL)",
+            f,
+            spark,
+            f["latency_samples"],
+        )
     return out
 
 

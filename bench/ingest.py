@@ -366,15 +366,18 @@ def warm_up(client: httpx.Client, data: Dataset) -> float:
     return time.monotonic() - started
 
 
-def copy_baseline(database_url: str, data: Dataset) -> Timing:
-    """COPY every body (one COPY, one transaction per body) into a plain table."""
+def copy_baseline(
+    database_url: str, data: Dataset, table: str = PLAIN, columns: str = COLUMNS
+) -> Timing:
+    """COPY every body (one COPY, one transaction per body) into a plain table ``table`` of
+    ``columns``, made anew."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {PLAIN}")
-        conn.execute(f"CREATE TABLE {PLAIN} ({COLUMNS})")
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"CREATE TABLE {table} ({columns})")
         started = time.monotonic()
         with conn.cursor() as cursor:
             for body in data.bodies:
-                with cursor.copy(f"COPY {PLAIN} FROM STDIN (FORMAT csv, HEADER true)") as copy:
+                with cursor.copy(f"COPY {table} FROM STDIN (FORMAT csv, HEADER true)") as copy:
                     copy.write(body)
         seconds = time.monotonic() - started
     return Timing("PostgreSQL COPY", data.rows, seconds, f"{len(data.bodies)} COPYs, 1 conn")

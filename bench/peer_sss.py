@@ -74,7 +74,7 @@ from typing import Any
 import httpx
 import psycopg
 import pyarrow.csv as pa_csv
-from figures import Result, check_scale  # bench/figures.py, next to this script
+from figures import Result, check_scale, latency_results  # bench/figures.py, next to this
 from ingest import (  # bench/ingest.py, next to this script
     HOUR_MS,
     HOURS_LATE,
@@ -720,19 +720,12 @@ def figures(results: dict[str, Any]) -> list[Result]:
             )
         )
     for run_rows, f in results["freshness"].items():
-        for q in ("p50", "p99"):
-            out.append(
-                Result(
-                    f"freshness {q}, runs of {int(run_rows):,} rows (arrival to visible in "
-                    "PostgreSQL)",
-                    f[f"strata_{q}_s"],
-                    f[f"sss_{q}_s"],
-                    spark,
-                    "s",
-                    "lower",
-                    context={"samples": f["samples"]},
-                )
-            )
+        out += latency_results(
+            f"freshness {{q}}, runs of {int(run_rows):,} rows (arrival to visible in PostgreSQL)",
+            f,
+            spark,
+            f["samples"],
+        )
     return out
 
 
