@@ -109,6 +109,9 @@ def running(settings: Settings) -> Iterator[Runtime]:
         info_file.chmod(0o600)  # database_url may hold a password
         yield runtime
     finally:
+        # Every worker finishes its current step at the same time, not one after another.
+        for worker in workers:
+            worker.request_stop()
         for worker in reversed(workers):
             worker.stop()
         if service is not None:

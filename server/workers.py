@@ -80,8 +80,12 @@ class Worker(ABC):
         self._thread = threading.Thread(target=self._loop, name=f"strata-{self.name}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Stop after the current step (which is one transaction); do not wait."""
         self._stopping.set()
+
+    def stop(self) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout=60)
 
