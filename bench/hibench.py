@@ -70,7 +70,7 @@ Every figure is Strata against SSS in the same run (ratio = Strata / SSS): throu
 (rows/s, higher is better) and latency p50 and p99 (seconds, lower is better) per
 workload, absolute numbers in the context. The scale ``full`` measures throughput over
 1,000,000 records per workload (50 runs of 20,000) and latency over 22 runs of 20,000 (20
-counted), about 5 minutes on a 2-core machine; ``smoke`` (runs of 500 records) proves only
+counted), 3 minutes (186 s) on an idle 2-core machine; ``smoke`` (runs of 500 records) proves only
 that everything works, in under a minute: its numbers mean nothing. Prints a table and one
 JSON line (the dict ``run`` returns); exits non-zero when Strata's results are wrong or SSS
 over-counts.
