@@ -77,7 +77,7 @@ from psycopg import sql
 
 from rewriter import RawStreamPlan, rewrite
 from rewriter.naming import INTERNAL_SCHEMA, RUN_COLUMN, raw_archive_table
-from server.archive import copy_out
+from server.ingest.archive import copy_out
 from server.ingest.parse import arrow_schema
 from server.settings import Settings
 

@@ -116,7 +116,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 from pyspark.sql import types as T  # noqa: N812
 
-from server.spark import create_spark_session, stop_spark_session
+from server.engines.spark import create_spark_session, stop_spark_session
 
 WORKLOADS = ("identity", "repartition", "wordcount", "fixwindow")
 FIELDS = "ip, session, url, t, revenue, user_agent, country, language, word, duration"

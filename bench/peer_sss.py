@@ -22,7 +22,7 @@ What it does, in one process tree:
    jittered by up to 30 minutes, which shuffles neighbouring runs;
 2. starts ``strata up`` as a real subprocess (temporary data dir: embedded PostgreSQL,
    local Spark; bench/ingest.py's helpers) and, meanwhile, a SparkSession in this process
-   (server/spark.py); COPYs the same bodies into a plain table ``impsns_plain``, the
+   (server/engines/spark.py); COPYs the same bodies into a plain table ``impsns_plain``, the
    input of the batch oracle;
 3. Spark, once per watermark (10 minutes, 1 hour): the run files, written in arrival
    order (distinct modification times, so Spark takes them in that order), are read
@@ -98,7 +98,7 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 from pyspark.sql import types as T  # noqa: N812
 from pyspark.sql.streaming import StreamingQuery
 
-from server.spark import create_spark_session, stop_spark_session
+from server.engines.spark import create_spark_session, stop_spark_session
 
 WATERMARKS = {"10 minutes": "w10m", "1 hour": "w1h"}
 SCHEMA = T.StructType(

@@ -70,7 +70,7 @@ from rewriter import rewrite
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
 from rewriter.plan import DerivedStreamPlan
 from server.catalog import create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres
+from server.engines.embedded_pg import EmbeddedPostgres
 
 RAW_SQL = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "

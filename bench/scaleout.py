@@ -16,7 +16,7 @@ Spark driver JVM never meets another benchmark's):
 1. writes ``--rows`` ad-impression rows (100 campaigns, one day of event time, 10% up to
    an hour late) as runs of ``--run-rows`` rows, one Parquet file each, the way the spool
    holds them; groups consecutive runs into batches of up to ``--batch-rows`` rows;
-2. starts a Spark standalone cluster on 127.0.0.1 (server/cluster.py): a Master and two
+2. starts a Spark standalone cluster on 127.0.0.1 (server/engines/cluster.py): a Master and two
    Workers of one core and 1 GiB each;
 3. per round, three Spark applications in turn, each with a driver in this process and the
    same data: **1 worker** (``spark.cores.max=1``: one executor, on one worker), **2
@@ -181,8 +181,8 @@ def measure(
 ) -> tuple[float, int, str]:
     """One Spark application on ``master`` (``cores``: spark.cores.max), timed over every
     batch after one untimed warm-up batch: (seconds, partial rows, digest)."""
-    from server.backend import SparkBackend
-    from server.spark import create_spark_session, stop_spark_session
+    from server.engines.backend import SparkBackend
+    from server.engines.spark import create_spark_session, stop_spark_session
 
     conf = {"spark.driver.memory": "1g"}
     if cores is not None:
@@ -230,7 +230,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result], dict[str
 
 
 def _run(args: argparse.Namespace, work: Path) -> tuple[int, list[Result], dict[str, object]]:
-    from server.cluster import LocalCluster
+    from server.engines.cluster import LocalCluster
 
     print(f"data: {args.rows:,} rows in runs of {args.run_rows:,}; work dir {work}", flush=True)
     started = time.monotonic()

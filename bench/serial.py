@@ -17,7 +17,7 @@ What it does, in one process:
 4. baseline: ``CREATE TABLE`` of the view's rows (one row per window), indexed on ``t``;
 5. times two queries (median of ``--repeat`` after one untimed run): the whole day, and one
    hour; on the view with every window computed on read (nothing materialized), then after
-   Strata's materializer (server/serial.py) has archived every closed window, and on the
+   Strata's materializer (server/workers/serial.py) has archived every closed window, and on the
    plain table;
 6. checks that the three give identical rows; exits non-zero otherwise.
 """
@@ -41,8 +41,8 @@ from reduce import measure, timed
 from rewriter import rewrite
 from rewriter.plan import StreamPlan
 from server.catalog import PlanCache, create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres
-from server.serial import Materializer
+from server.engines.embedded_pg import EmbeddedPostgres
+from server.workers.serial import Materializer
 
 DAY = datetime(2024, 6, 1, tzinfo=UTC)
 STREAMS = {

@@ -58,7 +58,7 @@ from ingest import (  # bench/ingest.py, next to this script
     stop_server,
 )
 
-from server.spark import driver_jvm
+from server.engines.spark import driver_jvm
 
 CAMPAIGNS = [f"campaign_{i:03d}" for i in range(100)]
 WARM_UP = "warmup"

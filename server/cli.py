@@ -121,7 +121,7 @@ def backfill_status(args: argparse.Namespace) -> int:
 
 def cluster(args: argparse.Namespace) -> int:
     """Run a Spark standalone cluster on loopback until Ctrl-C (or SIGTERM)."""
-    from server.cluster import LocalCluster
+    from server.engines.cluster import LocalCluster
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

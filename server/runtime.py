@@ -13,18 +13,18 @@ import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
 from server import faults
-from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres, Supervisor
-from server.reducer import Reducer
-from server.retention import Retention
+from server.engines.backend import SparkBackend
+from server.engines.embedded_pg import EmbeddedPostgres, Supervisor
+from server.engines.spark import create_spark_session, jvm_pid, stop_spark_session
+from server.ingest.spool import Spool
 from server.security import configure_reader, secret
-from server.serial import Materializer, Repairer
 from server.service import StrataService
 from server.settings import Settings
-from server.spark import create_spark_session, jvm_pid, stop_spark_session
-from server.spool import Spool
-from server.workers import Worker
+from server.workers.loop import Worker
+from server.workers.reducer import Reducer
+from server.workers.retention import Retention
+from server.workers.serial import Materializer, Repairer
 
 log = logging.getLogger("strata")
 INFO_FILE = "info.json"

@@ -30,15 +30,15 @@ from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
 from rewriter.errors import InvalidSQL, StrataError, StreamExists, StreamInUse, UnknownStream
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog, faults
-from server.archive import copy_in, internal_table
-from server.backend import SparkBackend
-from server.backfill import Backfiller, backfill_progress, plan_backfill
 from server.catalog import PlanCache, RunRecord, StreamRecord
+from server.engines.backend import SparkBackend
+from server.ingest.archive import copy_in, internal_table
 from server.ingest.parse import parse_run
+from server.ingest.progress import record_progress, stream_progress
+from server.ingest.spool import Spool
 from server.metrics import Metrics
-from server.progress import record_progress, stream_progress
-from server.serial import record_corrections, serial_state
-from server.spool import Spool
+from server.workers.backfill import Backfiller, backfill_progress, plan_backfill
+from server.workers.serial import record_corrections, serial_state
 
 log = logging.getLogger("strata.service")
 
@@ -183,7 +183,7 @@ class StrataService:
 
     def _plan_backfill(self, connection: sa.Connection, plan: DerivedStreamPlan) -> None:
         """Order the new stream against concurrent runs, then leave the history to the
-        back-filler (server/backfill.py).
+        back-filler (server/workers/backfill.py).
 
         SHARE mode waits for run commits in flight into the sources and blocks new ones
         until this transaction commits; every run committed later sees the new stream in

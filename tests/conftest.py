@@ -16,14 +16,14 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from server.api.app import create_app
-from server.backend import SparkBackend
-from server.backfill import wait_for
 from server.catalog import create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres
+from server.engines.backend import SparkBackend
+from server.engines.embedded_pg import EmbeddedPostgres
+from server.engines.spark import create_spark_session, stop_spark_session
+from server.ingest.spool import Spool
 from server.service import StrataService
 from server.settings import Settings
-from server.spark import create_spark_session, stop_spark_session
-from server.spool import Spool
+from server.workers.backfill import wait_for
 
 
 def with_database(url: str, dbname: str) -> str:

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from server import security
 from server.api.app import create_app
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
-from server.embedded_pg import EmbeddedPostgres
+from server.engines.embedded_pg import EmbeddedPostgres
 from server.security import (
     READER_ROLE,
     ReaderRoleError,

@@ -6,7 +6,7 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 
-from server.backfill import Backfiller
+from server.workers.backfill import Backfiller
 from tests.conftest import Strata
 
 START = datetime(2024, 8, 1, tzinfo=UTC)

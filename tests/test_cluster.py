@@ -1,5 +1,5 @@
 """Scale-out: Strata on a Spark standalone cluster (a Master and two Workers of one core on
-127.0.0.1, started by these tests with server/cluster.py from the pyspark package).
+127.0.0.1, started by these tests with server/engines/cluster.py from the pyspark package).
 
 The tests marked ``cluster`` (about 100 s on two cores) are part of the default run;
 ``python3 dev.py test --cluster`` (or ``pytest -m cluster``) runs them alone. Against the cluster:
@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from server.cluster import LocalCluster, executors_share_disk, master_hosts, on_this_machine
+from server.engines.cluster import LocalCluster, executors_share_disk, master_hosts, on_this_machine
 from tests import test_e2e as e2e
 
 ROOT = Path(__file__).resolve().parent.parent

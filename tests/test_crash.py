@@ -31,8 +31,8 @@ from rewriter.naming import (
     partial_archive_table,
     raw_archive_table,
 )
+from server.engines.spark import driver_jvm
 from server.faults import PHASES, Fault, kill_tree, parse
-from server.spark import driver_jvm
 from tests.test_e2e import Server
 from tests.test_order_independence import _normalise, _window
 

@@ -34,9 +34,9 @@ from rewriter.expressions import to_spark
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.types import SqlType
-from server.archive import copy_in
-from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
+from server.engines.backend import SparkBackend
+from server.ingest.archive import copy_in
 from tests.conftest import new_database
 
 # ---------------------------------------------------------------------------------------

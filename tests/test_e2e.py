@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 
-from server.embedded_pg import POSTGRES_BIN_PATH
+from server.engines.embedded_pg import POSTGRES_BIN_PATH
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from pyspark.sql import SparkSession
 
 from server.api.app import create_app
-from server.backend import SparkBackend
 from server.catalog import create_catalog_engine, migrate
+from server.engines.backend import SparkBackend
+from server.ingest.spool import Spool
 from server.service import StrataService
 from server.settings import Settings
-from server.spool import Spool
 from tests.conftest import Strata
 
 STREAM = "CREATE STREAM lim (k text, t timestamptz) WITH (event_time = 't')"

@@ -12,8 +12,8 @@ import psycopg
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.reducer import Reducer
-from server.serial import Materializer, Repairer
+from server.workers.reducer import Reducer
+from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata
 from tests.test_auth import COUNT, IMPSNS, TOKENS, TOP, api, bearer
 

@@ -11,7 +11,7 @@ from decimal import Decimal
 import psycopg
 
 from rewriter.plan import DerivedStreamPlan
-from server.reducer import Reducer
+from server.workers.reducer import Reducer
 from tests.conftest import Strata
 
 START = datetime(2024, 6, 1, tzinfo=UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from server.retention import Retention
+from server.workers.retention import Retention
 from tests.conftest import Strata
 
 

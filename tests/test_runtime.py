@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from server.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, EmbeddedPostgresError
-from server.java import find_java_home, java_version
+from server.engines.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, EmbeddedPostgresError
+from server.engines.java import find_java_home, java_version
 
 MakePg = Callable[..., EmbeddedPostgres]
 

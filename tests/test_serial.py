@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.reducer import Reducer
-from server.serial import Materializer, Repairer
+from server.workers.reducer import Reducer
+from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata
 
 START = datetime(2024, 6, 1, tzinfo=UTC)

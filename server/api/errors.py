@@ -90,7 +90,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(sa.exc.OperationalError)
     async def database_unreachable(_request: Request, _error: Exception) -> JSONResponse:
-        # PostgreSQL is restarting (server/embedded_pg.py's Supervisor) or out of reach. A
+        # PostgreSQL is restarting (server/engines/embedded_pg.py's Supervisor) or out of reach. A
         # run posted now is not acknowledged; posting it again with its run id is safe.
         return JSONResponse(
             {"error": "PostgreSQL is unreachable right now; retry the request"},

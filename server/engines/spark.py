@@ -16,8 +16,8 @@ import psutil
 from pyspark import SparkContext
 from pyspark.sql import SparkSession, SQLContext
 
-from server.cluster import on_this_machine
-from server.java import find_java_home
+from server.engines.cluster import on_this_machine
+from server.engines.java import find_java_home
 
 log = logging.getLogger(__name__)
 

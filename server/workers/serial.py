@@ -34,8 +34,8 @@ from rewriter import naming
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan, StreamPlan
 from server import catalog
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
-from server.progress import micros, moment
-from server.workers import Worker
+from server.ingest.progress import micros, moment
+from server.workers.loop import Worker
 
 
 def serial_streams(records: dict[str, StreamRecord], raw: str) -> list[DerivedStreamPlan]:

@@ -25,8 +25,8 @@ from pyspark.sql.types import StructType
 from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
-from server.cluster import executors_share_disk
-from server.spark import discard_spark_session, jvm_died
+from server.engines.cluster import executors_share_disk
+from server.engines.spark import discard_spark_session, jvm_died
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ import sqlalchemy as sa
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
 from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
 from server import catalog
-from server.archive import copy_in, copy_out
-from server.backend import SparkBackend
 from server.catalog import PlanCache
+from server.engines.backend import SparkBackend
+from server.ingest.archive import copy_in, copy_out
 from server.ingest.parse import arrow_schema
-from server.workers import Worker
+from server.workers.loop import Worker
 
 
 def plan_backfill(connection: sa.Connection, plan: DerivedStreamPlan) -> None:

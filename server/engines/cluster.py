@@ -1,7 +1,7 @@
 """A Spark standalone cluster on this machine's loopback: one Master and N Workers.
 
 Started with the ``spark-class`` launcher that ships in the pyspark package (no Spark
-download), with the Java runtime ``server.java`` finds, on free ports of 127.0.0.1 and with
+download), with the Java runtime ``server.engines.java`` finds, on free ports of 127.0.0.1 and with
 every file (logs, work dirs) in one directory. ``strata cluster`` runs one until Ctrl-C;
 the cluster tests and ``bench/scaleout.py`` start their own::
 
@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import pyspark
 
-from server.java import find_java_home
+from server.engines.java import find_java_home
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from rewriter.plan import RawStreamPlan, StreamPlan
 from server.catalog import PlanCache
-from server.workers import Worker
+from server.workers.loop import Worker
 
 
 class Retention(Worker):

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from rewriter.plan import DerivedStreamPlan, StreamPlan
 from server.catalog import PlanCache
-from server.workers import Worker
+from server.workers.loop import Worker
 
 
 class Reducer(Worker):
