@@ -33,8 +33,9 @@ def up(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.api.app import create_app
+    from server.errors import SecretSettingError
     from server.runtime import running
-    from server.security import SecretSettingError, Tokens, redacted_url, secret
+    from server.security import Tokens, redacted_url, secret
 
     settings = _settings(args)
     logging.basicConfig(

@@ -1,4 +1,7 @@
-"""Assembling a running Strata: PostgreSQL (embedded or external), migrations, Spark, service."""
+"""Assembling a running Strata: ``assemble`` wires the service, the ingest pipeline and the
+background workers from ``Settings``; ``running`` also starts PostgreSQL (embedded or
+external), migrations and Spark around it. `strata up` and the tests wire through the same
+``assemble``; a test that wants fewer workers says so in its Settings."""
 
 from __future__ import annotations
 
@@ -6,21 +9,24 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
 from server import faults
-from server.catalog import create_catalog_engine, migrate
+from server.catalog import PlanCache, create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.engines.embedded_pg import EmbeddedPostgres, Supervisor
 from server.engines.spark import create_spark_session, jvm_pid, stop_spark_session
+from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
+from server.metrics import Metrics
 from server.security import configure_reader, secret
 from server.service import StrataService
 from server.settings import Settings
+from server.workers.backfill import Backfiller
 from server.workers.loop import Worker
 from server.workers.reducer import Reducer
 from server.workers.retention import Retention
@@ -32,21 +38,75 @@ INFO_FILE = "info.json"
 
 @dataclass
 class Runtime:
+    """Everything of one Strata server that runs in this process, wired, not yet started."""
+
     settings: Settings
     database_url: str
     engine: sa.Engine
+    backend: SparkBackend
     service: StrataService
+    workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
 
     def info(self) -> dict[str, object]:
         return {
             "database_url": self.database_url,
             "spark_master": self.settings.spark_master or "local[*]",
             # Whether executors read spooled runs from their files (see STRATA_SHARED_SPOOL).
-            "shared_spool": self.service.backend.reads_files,
+            "shared_spool": self.backend.reads_files,
             "data_dir": str(self.settings.data_dir.resolve()),
             "http": f"http://{self.settings.host}:{self.settings.port}",
             "embedded_postgres": self.settings.database_url is None,
         }
+
+    def start(self) -> None:
+        """Resume pending runs and start the ingest pipeline and the workers."""
+        self.service.pipeline.start()
+        for worker in self.workers.values():
+            worker.start()
+
+    def stop(self) -> None:
+        # Every worker finishes its current step at the same time, not one after another.
+        for worker in self.workers.values():
+            worker.request_stop()
+        for worker in reversed(self.workers.values()):
+            worker.stop()
+        self.service.pipeline.stop()
+
+
+def assemble(
+    settings: Settings, database_url: str, engine: sa.Engine, backend: SparkBackend
+) -> Runtime:
+    """Wire the service, its ingest pipeline and the workers ``settings.workers`` names,
+    over a migrated database (``engine``) and a Spark backend. Nothing starts yet."""
+    plans = PlanCache()
+    metrics = Metrics(engine, plans)
+    spool = Spool(settings.spool_dir)
+    pipeline = IngestPipeline(
+        engine, plans, backend, spool, metrics, batch_max_rows=settings.batch_max_rows
+    )
+    service = StrataService(engine, plans, spool, pipeline, metrics)
+    every: list[Worker] = [
+        Backfiller(
+            engine,
+            plans,
+            backend,
+            scratch=settings.backfill_dir,
+            chunk_rows=settings.backfill_chunk_rows,
+            metrics=metrics,
+        ),
+        Reducer(
+            engine,
+            plans,
+            min_rows=settings.reduce_min_rows,
+            interval=settings.reduce_interval,
+            metrics=metrics,
+        ),
+        Retention(engine, plans, metrics=metrics),
+        Materializer(engine, plans, interval=settings.serial_interval, metrics=metrics),
+        Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics),
+    ]
+    workers: dict[str, Worker] = {w.name: w for w in every if w.name in settings.workers}
+    return Runtime(settings, database_url, engine, backend, service, workers)
 
 
 @contextmanager
@@ -66,8 +126,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
         faults.register("postgres", lambda: embedded.pid if embedded else None)
     engine = create_catalog_engine(database_url)
     backend: SparkBackend | None = None
-    service = None
-    workers: list[Worker] = []
+    runtime: Runtime | None = None
     try:
         migrate(engine)
         configure_reader(engine, secret(settings, "reader_password"))
@@ -77,7 +136,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
             return create_spark_session(
                 settings.spark_master,
                 local_dir=settings.spark_dir,
-                extra_conf={"spark.driver.memory": settings.spark_driver_memory},
+                driver_memory=settings.spark_driver_memory,
             )
 
         # The backend starts Spark again with the same settings when its JVM dies.
@@ -85,37 +144,15 @@ def running(settings: Settings) -> Iterator[Runtime]:
             start_spark(), restart=start_spark, shared_spool=settings.shared_spool
         )
         faults.register("spark", lambda: jvm_pid(backend.spark) if backend else None)
-        service = StrataService(engine, backend, Spool(settings.spool_dir))
-        service.batch_max_rows = settings.batch_max_rows
-        service.backfiller.chunk_rows = settings.backfill_chunk_rows
-        service.start()
-        workers = [
-            Reducer(
-                engine,
-                service.plans,
-                min_rows=settings.reduce_min_rows,
-                interval=settings.reduce_interval,
-            ),
-            Retention(engine, service.plans),
-            Materializer(engine, service.plans, interval=settings.serial_interval),
-            Repairer(engine, service.plans, interval=settings.serial_interval),
-        ]
-        for worker in workers:
-            worker.metrics = service.metrics
-            worker.start()
-        runtime = Runtime(settings, database_url, engine, service)
+        runtime = assemble(settings, database_url, engine, backend)
+        runtime.start()
         info_file = settings.data_dir / INFO_FILE
         info_file.write_text(json.dumps(runtime.info(), indent=2))
         info_file.chmod(0o600)  # database_url may hold a password
         yield runtime
     finally:
-        # Every worker finishes its current step at the same time, not one after another.
-        for worker in workers:
-            worker.request_stop()
-        for worker in reversed(workers):
-            worker.stop()
-        if service is not None:
-            service.stop()
+        if runtime is not None:
+            runtime.stop()
         if backend is not None:
             stop_spark_session(backend.spark)
         engine.dispose()

@@ -18,6 +18,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from server.errors import ReaderRoleError, SecretSettingError
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,6 @@ class Scope(StrEnum):
     DDL = "ddl"  # create and drop streams
     ADMIN = "admin"  # /info (it carries the owner's database URL) and future endpoints
 
-
-class SecretSettingError(ValueError):
-    """A secret setting is inconsistent (set twice, empty file): names it, never its value."""
 
 
 # Setting name -> scopes its token grants.
@@ -112,9 +110,6 @@ class Tokens:
                 granted |= scopes
         return granted if matched else None
 
-
-class ReaderRoleError(RuntimeError):
-    """The dashboard role's password could not be applied."""
 
 
 def configure_reader(engine: sa.Engine, password: str | None) -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# The background workers `strata up` runs (server/workers/), by name.
+WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repairer"]
+ALL_WORKERS: tuple[WorkerName, ...] = get_args(WorkerName)
 
 
 class Settings(BaseSettings):
@@ -77,6 +81,13 @@ class Settings(BaseSettings):
         description="Seconds between passes of the workers that write the closed windows of "
         "serial streams to their archives and repair the windows late data changed.",
     )
+    workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
+        ALL_WORKERS,
+        description="The background workers to run, comma-separated, from backfill, reducer, "
+        "retention, materializer, repairer (default: all). A worker left out does nothing "
+        "until a later start includes it: views stay exact, archives are just not compacted, "
+        "materialized, repaired or back-filled meanwhile.",
+    )
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
     )
@@ -111,6 +122,13 @@ class Settings(BaseSettings):
         None, description="File holding STRATA_READER_PASSWORD."
     )
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
     @property
     def spool_dir(self) -> Path:
         return self.data_dir / "spool"
@@ -122,3 +140,13 @@ class Settings(BaseSettings):
     @property
     def spark_dir(self) -> Path:
         return self.data_dir / "spark"
+
+    @property
+    def backfill_dir(self) -> Path:
+        return self.data_dir / "backfill"
+
+
+# Every setting's default, without reading the environment: what code that runs without a
+# Settings (a test building one worker, a benchmark) falls back to, so that each default is
+# written once, above.
+DEFAULTS = Settings.model_construct()

@@ -20,8 +20,7 @@ from server.catalog import create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.engines.embedded_pg import EmbeddedPostgres
 from server.engines.spark import create_spark_session, stop_spark_session
-from server.ingest.spool import Spool
-from server.service import StrataService
+from server.runtime import Runtime, assemble
 from server.settings import Settings
 from server.workers.backfill import wait_for
 
@@ -88,31 +87,53 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         stop_spark_session(session)
 
 
+# The tests run the back-filler (they compare complete views) and drive the other workers
+# themselves, at the moments a test chooses.
+TEST_WORKERS = ("backfill",)
+
+
 @contextmanager
-def strata_client(database_url: str, spark: SparkSession, data_dir: Path) -> Iterator[Strata]:
-    """A Strata service (real PostgreSQL, real Spark) behind its HTTP API, in-process."""
+def strata_client(
+    database_url: str,
+    spark: SparkSession,
+    data_dir: Path,
+    *,
+    start: bool = True,
+    **settings: object,
+) -> Iterator[Strata]:
+    """A Strata server (real PostgreSQL, real Spark) behind its HTTP API, in-process,
+    wired by the same ``assemble`` as `strata up`; ``settings`` override Settings fields.
+    ``start=False`` leaves the ingest pipeline and workers stopped (runs stay pending)."""
     engine = create_catalog_engine(database_url)
     migrate(engine)
-    service = StrataService(engine, SparkBackend(spark), Spool(data_dir / "spool"))
-    service.start()
-    settings = Settings(data_dir=data_dir, run_wait_timeout=120)
-    app = create_app(service, settings, {"database_url": database_url})
+    defaults: dict[str, object] = {"run_wait_timeout": 120, "workers": TEST_WORKERS}
+    config = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        **(defaults | settings),  # type: ignore[arg-type]
+    )
+    runtime = assemble(config, database_url, engine, SparkBackend(spark))
+    if start:
+        runtime.start()
+    app = create_app(runtime.service, config, {"database_url": database_url})
     try:
         with TestClient(
             app, raise_server_exceptions=os.environ.get("STRATA_TEST_RAISE") == "1"
         ) as client:
-            yield Strata(client, service, database_url)
+            yield Strata(client, runtime, database_url)
     finally:
-        service.stop()
+        runtime.stop()
         engine.dispose()
 
 
 class Strata:
-    """What a test holds: the HTTP client, the service, and SQL access to the database."""
+    """What a test holds: the HTTP client, the wired runtime (its service and workers), and
+    SQL access to the database."""
 
-    def __init__(self, client: TestClient, service: StrataService, database_url: str) -> None:
+    def __init__(self, client: TestClient, runtime: Runtime, database_url: str) -> None:
         self.client = client
-        self.service = service
+        self.runtime = runtime
+        self.service = runtime.service
         self.database_url = database_url
 
     def create(self, statement: str) -> dict[str, object]:

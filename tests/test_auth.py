@@ -30,15 +30,8 @@ from server import security
 from server.api.app import create_app
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
 from server.engines.embedded_pg import EmbeddedPostgres
-from server.security import (
-    READER_ROLE,
-    ReaderRoleError,
-    Scope,
-    SecretSettingError,
-    Tokens,
-    configure_reader,
-    redacted_url,
-)
+from server.errors import ReaderRoleError, SecretSettingError
+from server.security import READER_ROLE, Scope, Tokens, configure_reader, redacted_url
 from server.settings import Settings
 from tests.conftest import Strata, new_database
 

@@ -30,7 +30,7 @@ def test_backfill_in_chunks_alongside_new_runs(strata: Strata) -> None:
     rng = random.Random(3)
     for _ in range(6):
         strata.ingest("ev", _run(rng, 200))
-    strata.service.backfiller.stop()  # step it by hand below
+    strata.runtime.workers["backfill"].stop()  # step it by hand below
     response = strata.client.post(
         "/streams",
         json={
@@ -48,7 +48,7 @@ def test_backfill_in_chunks_alongside_new_runs(strata: Strata) -> None:
     assert strata.query("SELECT sum(c) FROM per_min") == [(100,)]
 
     worker = Backfiller(
-        strata.service.engine, strata.service.plans, strata.service.backend, chunk_rows=400
+        strata.service.engine, strata.service.plans, strata.runtime.backend, chunk_rows=400
     )
     plan = strata.service.stream("per_min").plan
     assert worker.step(plan) == 1  # two runs of 200 rows

@@ -25,8 +25,9 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 
 from rewriter import rewrite
-from rewriter.errors import RunFormatError, StrataError
+from rewriter.errors import StrataError
 from rewriter.plan import StreamPlan
+from server.errors import RunFormatError
 from server.ingest.parse import _parse, arrow_schema
 from tests.conftest import Strata
 

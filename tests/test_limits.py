@@ -13,16 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from pyspark.sql import SparkSession
 
-from server.api.app import create_app
-from server.catalog import create_catalog_engine, migrate
-from server.engines.backend import SparkBackend
-from server.ingest.spool import Spool
-from server.service import StrataService
-from server.settings import Settings
-from tests.conftest import Strata
+from tests.conftest import Strata, strata_client
 
 STREAM = "CREATE STREAM lim (k text, t timestamptz) WITH (event_time = 't')"
 ROW = '{"k": "a", "t": "2024-01-01T00:00:00Z"}\n'
@@ -31,19 +24,11 @@ ROW = '{"k": "a", "t": "2024-01-01T00:00:00Z"}\n'
 @pytest.fixture
 def idle(fresh_db: str, spark: SparkSession, tmp_path: Path) -> Iterator[Strata]:
     """A Strata whose run workers are not started (runs stay pending in the spool)."""
-    engine = create_catalog_engine(fresh_db)
-    migrate(engine)
-    service = StrataService(engine, SparkBackend(spark), Spool(tmp_path / "spool"))
-    settings = Settings(data_dir=tmp_path, run_wait_timeout=60, max_spool_bytes=1)
-    app = create_app(service, settings, {"database_url": fresh_db})
-    try:
-        with TestClient(app) as client:
-            strata = Strata(client, service, fresh_db)
-            assert client.post("/streams", json={"sql": STREAM}).status_code == 201
-            yield strata
-    finally:
-        service.stop()
-        engine.dispose()
+    with strata_client(
+        fresh_db, spark, tmp_path, start=False, run_wait_timeout=60, max_spool_bytes=1
+    ) as strata:
+        assert strata.client.post("/streams", json={"sql": STREAM}).status_code == 201
+        yield strata
 
 
 def configure(strata: Strata, **changes: object) -> None:
@@ -86,7 +71,7 @@ def test_full_spool_waits_for_room_as_runs_commit(idle: Strata) -> None:
     configure(idle, spool_full="wait", spool_full_wait=60)
     assert idle.post_run("lim", ROW, run_id="first", wait=False).status_code == 202
     # The workers start a moment later; the waiting run goes in once the first commits.
-    starter = threading.Timer(1.0, idle.service.start)
+    starter = threading.Timer(1.0, idle.runtime.start)
     starter.start()
     try:
         started = time.monotonic()

@@ -89,11 +89,9 @@ def test_metrics_follow_runs_late_rows_workers_and_errors(strata: Strata) -> Non
 
     # Background workers, wired as `strata up` wires them.
     engine, plans, metrics = strata.service.engine, strata.service.plans, strata.service.metrics
-    materializer = Materializer(engine, plans)
-    repairer = Repairer(engine, plans)
-    reducer = Reducer(engine, plans, min_rows=1)
-    for worker in (materializer, repairer, reducer):
-        worker.metrics = metrics
+    materializer = Materializer(engine, plans, metrics=metrics)
+    repairer = Repairer(engine, plans, metrics=metrics)
+    reducer = Reducer(engine, plans, min_rows=1, metrics=metrics)
     materializer.run_once()
     reducer.run_once()  # (00:00, a) has a partial row from each run
     worked = scrape(client)

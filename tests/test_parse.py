@@ -20,10 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rewriter.errors import RunFormatError, StrataError
+from rewriter.errors import StrataError
 from rewriter.types import ColumnSpec, SqlType
+from server.errors import RunFormatError, UnsupportedContentType
 from server.ingest import parse as P
-from server.ingest.parse import UnsupportedContentType, arrow_schema, parse_run, run_format
+from server.ingest.parse import arrow_schema, parse_run, run_format
 
 NDJSON = "application/x-ndjson"
 CSV = "text/csv"

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from server.engines.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, EmbeddedPostgresError
+from server.engines.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres
 from server.engines.java import find_java_home, java_version
+from server.errors import EmbeddedPostgresError
 
 MakePg = Callable[..., EmbeddedPostgres]
 

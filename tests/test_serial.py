@@ -270,7 +270,7 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata, seed
     streams = Streams(strata)
     rng = random.Random(seed)
     streams.ingest([rng.uniform(0, 60) for _ in range(200)], rng)
-    strata.service.backfiller.chunk_rows = 150
+    strata.runtime.workers["backfill"].chunk_rows = 150  # type: ignore[attr-defined]
     stop = threading.Event()
     reads: list[list[str]] = []
     done: dict[str, int] = {"materializer": 0, "repair": 0, "reducer": 0}

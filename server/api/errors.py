@@ -7,35 +7,23 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from rewriter.errors import (
-    InvalidSQL,
+from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
+from server.api.security import check_request
+from server.errors import (
+    Forbidden,
+    InvalidRunId,
+    NotARawStream,
+    PayloadTooLarge,
+    RunConflict,
     RunFormatError,
-    StrataError,
+    SpoolFull,
     StreamExists,
     StreamInUse,
+    Unauthorized,
+    UnknownRun,
     UnknownStream,
-    UnsupportedSQL,
+    UnsupportedContentType,
 )
-from server.api.security import Forbidden, Unauthorized, check_request
-from server.ingest.parse import UnsupportedContentType
-from server.service import NotARawStream, RunConflict
-
-
-class PayloadTooLarge(StrataError):
-    """A run body above the configured maximum size."""
-
-
-class InvalidRunId(StrataError):
-    """A run id that is too long or holds control characters."""
-
-
-class SpoolFull(StrataError):
-    """The spool holds as many bytes of uncommitted runs as allowed: retry later."""
-
-    def __init__(self, message: str, *, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
 
 STATUS: dict[type[StrataError], int] = {
     Unauthorized: 401,
@@ -45,6 +33,7 @@ STATUS: dict[type[StrataError], int] = {
     RunFormatError: 400,
     NotARawStream: 400,
     UnknownStream: 404,
+    UnknownRun: 404,
     StreamExists: 409,
     StreamInUse: 409,
     RunConflict: 409,

@@ -13,17 +13,8 @@ from fastapi import Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from rewriter.errors import StrataError
+from server.errors import Forbidden, Unauthorized
 from server.security import Scope, Tokens
-
-
-class Unauthorized(StrataError):
-    """No token, or not a configured one (HTTP 401)."""
-
-
-class Forbidden(StrataError):
-    """A valid token without the scope the endpoint needs (HTTP 403)."""
-
 
 # (method, path template) -> the scopes any one of which grants access.
 SCOPES: dict[tuple[str, str], frozenset[Scope]] = {

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import pyspark
 
 from server.engines.java import find_java_home
+from server.errors import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,6 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
-
-class ClusterError(RuntimeError):
-    """The cluster did not come up (the message quotes the daemon's log)."""
 
 
 def spark_home() -> Path:

@@ -38,6 +38,8 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from server.errors import EmbeddedPostgresError
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -88,9 +90,6 @@ POSTGRES_BIN_PATH = _wheel_bin_path()
 _MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
 _LOG_TAIL_LINES = 40
 
-
-class EmbeddedPostgresError(RuntimeError):
-    """The embedded PostgreSQL could not be initialised, started or stopped."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from server.errors import JavaNotFoundError
+
 log = logging.getLogger(__name__)
 
 MIN_JAVA_VERSION = 17
@@ -18,9 +20,6 @@ MIN_JAVA_VERSION = 17
 _VERSION_RE = re.compile(r'version "?(?P<first>\d+)(?:\.(?P<second>\d+))?')
 _RELEASE_RE = re.compile(r'^JAVA_VERSION="(?P<first>\d+)(?:\.(?P<second>\d+))?', re.MULTILINE)
 
-
-class JavaNotFoundError(RuntimeError):
-    """No Java runtime of a version Spark supports could be found."""
 
 
 def find_java_home() -> str:

@@ -18,11 +18,11 @@ from pyspark.sql import SparkSession, SQLContext
 
 from server.engines.cluster import on_this_machine
 from server.engines.java import find_java_home
+from server.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
-DEFAULT_DRIVER_MEMORY = "2g"
 
 # Scratch dirs that create_spark_session made itself, removed again by stop_spark_session.
 _owned_temp_dirs: dict[int, Path] = {}
@@ -33,6 +33,7 @@ def create_spark_session(
     *,
     app_name: str = "strata",
     local_dir: Path | None = None,
+    driver_memory: str = DEFAULTS.spark_driver_memory,
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
     """Start (or return the running) SparkSession, configured the way Strata relies on.
@@ -63,7 +64,7 @@ def create_spark_session(
         "spark.sql.decimalOperations.allowPrecisionLoss": "false",
         # Progress bars would end up in the server's log.
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": os.environ.get("STRATA_SPARK_DRIVER_MEMORY", DEFAULT_DRIVER_MEMORY),
+        "spark.driver.memory": driver_memory,
         # Timestamps without zone are interpreted the same in the JVM and in the session.
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",

@@ -103,8 +103,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from rewriter.errors import RunFormatError, StrataError
 from rewriter.types import ColumnSpec, SqlType
+from server.errors import RunFormatError, UnsupportedContentType
 
 __all__ = [
     "CSV_MEDIA_TYPES",
@@ -119,9 +119,6 @@ __all__ = [
 NDJSON_MEDIA_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/json"})
 CSV_MEDIA_TYPES = frozenset({"text/csv"})
 
-
-class UnsupportedContentType(StrataError):
-    """The Content-Type of a run is not a supported format (the API answers 415)."""
 
 
 # --------------------------------------------------------------------------- types

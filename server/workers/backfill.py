@@ -27,6 +27,8 @@ from server.catalog import PlanCache
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in, copy_out
 from server.ingest.parse import arrow_schema
+from server.metrics import Metrics
+from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
@@ -66,11 +68,12 @@ class Backfiller(Worker):
         backend: SparkBackend,
         *,
         scratch: Path | None = None,
-        chunk_rows: int = 500_000,
+        chunk_rows: int = DEFAULTS.backfill_chunk_rows,
         interval: float = 0.5,
+        metrics: Metrics | None = None,
     ) -> None:
         # A step handles at most one chunk; "batch" 1 makes the loop run it again at once.
-        super().__init__(engine, plans, interval=interval, batch=1)
+        super().__init__(engine, plans, interval=interval, batch=1, metrics=metrics)
         self.backend = backend
         self.chunk_rows = chunk_rows
         # Where a chunk is written for local Spark to read as a file, which is far faster

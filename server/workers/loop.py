@@ -22,13 +22,21 @@ from server.metrics import Metrics
 
 class Worker(ABC):
     name = "worker"
-    metrics: Metrics | None = None  # counts items handled and failures, when set
 
-    def __init__(self, engine: sa.Engine, plans: PlanCache, *, interval: float, batch: int) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        plans: PlanCache,
+        *,
+        interval: float,
+        batch: int,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.engine = engine
         self.plans = plans
         self.interval = interval
         self.batch = batch
+        self.metrics = metrics  # counts items handled and failures, when set
         self.log = logging.getLogger(f"strata.{self.name}")
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None

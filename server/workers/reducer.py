@@ -12,6 +12,8 @@ import sqlalchemy as sa
 
 from rewriter.plan import DerivedStreamPlan, StreamPlan
 from server.catalog import PlanCache
+from server.metrics import Metrics
+from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
@@ -23,11 +25,12 @@ class Reducer(Worker):
         engine: sa.Engine,
         plans: PlanCache,
         *,
-        min_rows: int = 4,
+        min_rows: int = DEFAULTS.reduce_min_rows,
         max_groups: int = 10_000,
-        interval: float = 5.0,
+        interval: float = DEFAULTS.reduce_interval,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=max_groups)
+        super().__init__(engine, plans, interval=interval, batch=max_groups, metrics=metrics)
         self.min_rows = min_rows
 
     def applies_to(self, plan: StreamPlan) -> bool:

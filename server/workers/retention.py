@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from rewriter.plan import RawStreamPlan, StreamPlan
 from server.catalog import PlanCache
+from server.metrics import Metrics
 from server.workers.loop import Worker
 
 
@@ -24,8 +25,9 @@ class Retention(Worker):
         *,
         max_rows: int = 50_000,
         interval: float = 60.0,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=max_rows)
+        super().__init__(engine, plans, interval=interval, batch=max_rows, metrics=metrics)
 
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, RawStreamPlan) and plan.retention_us > 0

@@ -35,6 +35,8 @@ from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan
 from server import catalog
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
 from server.ingest.progress import micros, moment
+from server.metrics import Metrics
+from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
@@ -140,9 +142,15 @@ class _SerialWorker(Worker):
     """A worker over serial streams; ``batch`` is the most windows one step handles."""
 
     def __init__(
-        self, engine: sa.Engine, plans: PlanCache, *, interval: float = 5.0, batch: int = 1000
+        self,
+        engine: sa.Engine,
+        plans: PlanCache,
+        *,
+        interval: float = DEFAULTS.serial_interval,
+        batch: int = 1000,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=batch)
+        super().__init__(engine, plans, interval=interval, batch=batch, metrics=metrics)
 
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, DerivedStreamPlan) and plan.serial is not None

@@ -10,9 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from rewriter.errors import UnknownStream
 from server.api.deps import ServiceDep, SettingsDep
-from server.api.errors import InvalidRunId, PayloadTooLarge, SpoolFull
+from server.errors import InvalidRunId, PayloadTooLarge, SpoolFull, UnknownRun
 from server.ingest.parse import run_format
 from server.service import StrataService
 from server.settings import Settings
@@ -135,5 +134,5 @@ async def post_run(
 async def get_run(run_id: str, service: ServiceDep) -> dict[str, object]:
     record = await run_in_threadpool(service.run, check_run_id(run_id))
     if record is None:
-        raise UnknownStream(f"run {run_id!r} does not exist")
+        raise UnknownRun(f"run {run_id!r} does not exist")
     return record.to_dict()

@@ -1,0 +1,134 @@
+"""The service's errors: what a request, a run or a start-up can meet beyond the rewriter's
+SQL errors (rewriter/errors.py). server/api/errors.py maps the StrataError ones onto HTTP
+codes; the start-up ones (RuntimeError, ValueError) end `strata up` with their message."""
+
+from __future__ import annotations
+
+from rewriter.errors import StrataError
+
+# ---- streams and runs (HTTP) -------------------------------------------------------------
+
+
+class UnknownStream(StrataError):
+    """A statement or request names a stream that does not exist."""
+
+
+class StreamExists(StrataError):
+    """CREATE STREAM names a stream (or another relation) that already exists."""
+
+
+class StreamInUse(StrataError):
+    """DROP of a stream that other streams are derived from."""
+
+
+class UnknownRun(StrataError):
+    """GET /runs/{run_id} of a run id no run has."""
+
+
+class NotARawStream(StrataError):
+    """Runs are posted to raw streams only."""
+
+
+class RunConflict(StrataError):
+    """A run id already names a run of another stream."""
+
+
+class PayloadTooLarge(StrataError):
+    """A run body above the configured maximum size."""
+
+
+class InvalidRunId(StrataError):
+    """A run id that is too long or holds control characters."""
+
+
+class SpoolFull(StrataError):
+    """The spool holds as many bytes of uncommitted runs as allowed: retry later."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UnsupportedContentType(StrataError):
+    """The Content-Type of a run is not a supported format (the API answers 415)."""
+
+
+class Unauthorized(StrataError):
+    """No bearer token, or one that matches no configured token (401)."""
+
+
+class Forbidden(StrataError):
+    """A valid token whose scope does not cover the request (403)."""
+
+
+class RunFormatError(StrataError):
+    """A run's body is malformed. Names the physical line (from 1), the column and the value."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        column: str | None = None,
+        value: str | None = None,
+    ) -> None:
+        self.line = line
+        self.column = column
+        self.value = value
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if column is not None:
+            where.append(f"column {_shorten(column, 80)!r}")
+        prefix = ", ".join(where)
+        text = f"{prefix}: {message}" if prefix else message
+        if value is not None:
+            text += f" (value: {_shorten(value, 80)!r})"
+        super().__init__(text)
+
+    def to_dict(self) -> dict[str, object]:
+        """The error as an HTTP body. A value or a column name taken from the body is cut
+        to MAX_SHOWN characters (a malformed line of megabytes is not echoed back), and a
+        lone surrogate in it (a JSON escape such as "\\ud800") is shown escaped, since
+        UTF-8 cannot carry it."""
+        return {
+            "error": str(self),
+            "line": self.line,
+            "column": None if self.column is None else _echo(self.column),
+            "value": None if self.value is None else _echo(self.value),
+        }
+
+
+# Longest value or column name an HTTP error body repeats from a run.
+MAX_SHOWN = 1000
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _echo(text: str) -> str:
+    return _shorten(text, MAX_SHOWN).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# ---- start-up -------------------------------------------------------------------------
+
+
+class SecretSettingError(ValueError):
+    """A secret setting is inconsistent (set twice, empty file): names it, never its value."""
+
+
+class ReaderRoleError(RuntimeError):
+    """The dashboard role's password could not be applied."""
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL could not be initialised, started or stopped."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not come up (the message quotes the daemon's log)."""
+
+
+class JavaNotFoundError(RuntimeError):
+    """No Java runtime of a version Spark supports could be found."""

@@ -1,0 +1,350 @@
+"""The ingest pipeline: accepted runs to committed runs, in two stages.
+
+Atomicity (invariant 2) is one PostgreSQL transaction per batch of runs, issued from the
+Spark driver: Spark computes the partial rows of every dependent stream, the driver
+collects them (Arrow), and a single transaction COPYs the raw rows, COPYs the partial
+rows and flips the runs' catalog status from 'pending' to 'committed'. The status flip is
+the commit marker: a run is visible everywhere or nowhere, and a second processing of the
+same run finds it no longer pending and writes nothing (exactly once). Partial results are
+small (one row per run, window and group), so collecting them on the driver is cheap, and
+no JDBC driver (which would have to be downloaded) is needed.
+
+The pipeline's compute stage runs Spark over batch N+1 while its commit stage writes batch
+N to PostgreSQL. A bounded hand-off keeps at most one computed batch waiting. Exactly-once
+never depends on the pipeline: the commit marker is the pending->committed flip inside the
+commit transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import sqlalchemy as sa
+from psycopg import sql
+from pyspark.errors import PySparkException
+
+from rewriter import DerivedStreamPlan, RawStreamPlan
+from rewriter.naming import partial_archive_table, raw_archive_table
+from server import catalog, faults
+from server.catalog import PlanCache, RunRecord, StreamRecord
+from server.engines.backend import SparkBackend
+from server.ingest.archive import copy_in, internal_table
+from server.ingest.progress import record_progress
+from server.ingest.spool import Spool
+from server.metrics import Metrics
+from server.workers.serial import record_corrections
+
+log = logging.getLogger("strata.ingest")
+
+
+class _Retry(Exception):  # noqa: N818 - control flow, never escapes this module
+    """Roll the commit transaction back; ``runs`` are the ones still to commit."""
+
+    def __init__(self, runs: list[RunRecord]) -> None:
+        self.runs = runs
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Runs of one raw stream with their rows and the partial rows Spark computed."""
+
+    stream: str
+    runs: list[RunRecord]
+    data: pa.Table
+    dependents: list[catalog.ComputedPlan]
+    partials: dict[str, pa.Table]
+    spark_seconds: float
+
+    @property
+    def seqs(self) -> list[int]:
+        return [r.seq for r in self.runs]
+
+
+def _refusal(error: BaseException) -> str | None:
+    """What PostgreSQL said, if ``error`` is its refusal of the data written (SQLSTATE
+    class 22, data exception, or 54, program limit exceeded), which the same rows meet
+    again on every retry; None for anything else."""
+    cause = getattr(error, "orig", None) or error
+    state = str(getattr(cause, "sqlstate", "") or "")
+    if state[:2] not in ("22", "54"):
+        return None
+    diag = getattr(cause, "diag", None)
+    message = (getattr(diag, "message_primary", None) or str(cause)).strip()
+    if "index row" in message:
+        message += " (a group key value is too long to be indexed: keep keys under ~2,000 bytes)"
+    return message
+
+
+class IngestPipeline:
+    """Computes and commits the runs handed to it (``submit``), in the order given, and
+    tells waiters (``expect``) when a run is committed or rejected."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        plans: PlanCache,
+        backend: SparkBackend,
+        spool: Spool,
+        metrics: Metrics,
+        *,
+        batch_max_rows: int,
+    ) -> None:
+        self.engine = engine
+        self.plans = plans
+        self.backend = backend
+        self.spool = spool
+        self.metrics = metrics
+        self.batch_max_rows = batch_max_rows
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._done: dict[int, threading.Event] = {}
+        self._done_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
+        self._stopping = threading.Event()
+
+    def streams(self) -> dict[str, StreamRecord]:
+        with self.engine.connect() as connection:
+            return self.plans.load(connection)
+
+    def submit(self, seq: int) -> None:
+        """Queue an accepted (pending) run for computing and committing."""
+        self.expect(seq)
+        self._queue.put(seq)
+
+    def expect(self, seq: int) -> threading.Event:
+        """The event set once run ``seq`` is committed, rejected or gone."""
+        with self._done_lock:
+            return self._done.setdefault(seq, threading.Event())
+
+    def start(self) -> None:
+        """Resume the runs accepted before a stop or crash, then start both stages."""
+        with self.engine.connect() as connection:
+            pending = catalog.pending_runs(connection)
+        removed = self.spool.sweep({r.spool_path for r in pending if r.spool_path})
+        if removed:
+            log.info("removed %d spool files of runs never acknowledged", removed)
+        for record in pending:
+            self.submit(record.seq)
+        if pending:
+            log.info("resuming %d pending runs", len(pending))
+        self._threads = [
+            threading.Thread(target=self._compute_loop, name="strata-compute", daemon=True),
+            threading.Thread(target=self._commit_loop, name="strata-commit", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def _compute_loop(self) -> None:
+        while not self._stopping.is_set():
+            first = self._queue.get()
+            if first is None:
+                break
+            seqs = [first]
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._stopping.set()
+                    break
+                seqs.append(more)
+            try:
+                self._compute(seqs)
+            except Exception:  # keep the loop alive; the runs stay pending and are retried
+                log.exception("processing runs %s failed; retrying", seqs)
+                self._retry_later(seqs)
+        self._computed.put(None)
+
+    def _retry_later(self, seqs: list[int]) -> None:
+        self.metrics.worker_failed("ingest")
+        time.sleep(1.0)
+        for seq in seqs:
+            self._queue.put(seq)
+
+    def _compute(self, seqs: list[int]) -> None:
+        # A run queued twice (accepted while start() queued the pending runs, or retried
+        # while still queued) is computed once: twice in one batch would archive it twice.
+        seqs = list(dict.fromkeys(seqs))
+        with self.engine.connect() as connection:
+            records = [catalog.get_run_by_seq(connection, s) for s in seqs]
+        pending = [r for r in records if r is not None and r.status == "pending"]
+        for seq in set(seqs) - {r.seq for r in pending}:
+            self._finish(seq)  # committed, rejected or dropped meanwhile
+        by_stream: dict[str, list[RunRecord]] = {}
+        for record in pending:
+            by_stream.setdefault(record.stream, []).append(record)
+        for stream, runs in by_stream.items():
+            # Batch runs up to batch_max_rows: one Spark job per batch amortizes the job
+            # overhead; the run column among the grouping keys keeps runs independent.
+            batch: list[RunRecord] = []
+            rows = 0
+            for run in runs:
+                if batch and rows + run.rows > self.batch_max_rows:
+                    self._compute_batch(stream, batch)
+                    batch, rows = [], 0
+                batch.append(run)
+                rows += run.rows
+            if batch:
+                self._compute_batch(stream, batch)
+
+    def _compute_batch(self, stream: str, runs: list[RunRecord]) -> None:
+        lost = [r for r in runs if not (r.spool_path and Path(r.spool_path).exists())]
+        for run in lost:
+            self._reject(run, "the run's spool file is missing; post the run again")
+        runs = [r for r in runs if r not in lost]
+        if not runs:
+            return
+        faults.reach("after_spool", [r.run_id for r in runs])
+        try:
+            batch = self._prepare(stream, runs)
+        except PySparkException as err:
+            if len(runs) == 1:
+                self._reject(runs[0], f"Spark could not process the run: {err}")
+                return
+            for run in runs:  # find the run Spark fails on; the others commit
+                self._compute_batch(stream, [run])
+            return
+        self._computed.put(batch)
+
+    def _prepare(self, stream: str, runs: list[RunRecord]) -> _Batch:
+        paths = [str(r.spool_path) for r in runs]
+        data = pa.concat_tables([self.spool.read(path) for path in paths])
+        started = time.perf_counter()
+        dependents = catalog.dependents(self.streams(), stream)
+        faults.reach("in_spark", [r.run_id for r in runs])
+        partials = self.backend.partials(data, dependents, source=stream, files=paths)
+        seconds = time.perf_counter() - started
+        self.metrics.stage_took("spark", seconds)
+        return _Batch(stream, runs, data, dependents, partials, seconds)
+
+    def _finish(self, seq: int) -> None:
+        with self._done_lock:
+            event = self._done.pop(seq, None)
+        if event is not None:
+            event.set()
+
+    def _reject(self, run: RunRecord, error: str) -> None:
+        log.warning("run %s rejected: %s", run.run_id, error)
+        with self.engine.begin() as connection:
+            catalog.reject_run(connection, run.seq, error)
+        self.metrics.run_rejected(run.stream, run.seq)
+        if run.spool_path:
+            self.spool.remove(run.spool_path)
+        self._finish(run.seq)
+
+    def _commit_loop(self) -> None:
+        while True:
+            batch = self._computed.get()
+            if batch is None:
+                return
+            self._commit_or_refuse(batch)
+
+    def _commit_or_refuse(self, batch: _Batch) -> None:
+        """Commit a batch; retry it later on a passing failure. When PostgreSQL refuses
+        the rows themselves (a data error, or a limit such as a group key too long for an
+        index), retrying cannot help: a run alone is rejected (nothing of it archived),
+        and a batch of several is committed run by run, so only the run at fault is."""
+        try:
+            self._commit(batch)
+        except Exception as err:
+            refusal = _refusal(err)
+            if refusal is None:
+                log.exception("committing runs %s failed; retrying", batch.seqs)
+                self._retry_later(batch.seqs)
+            elif len(batch.runs) == 1:
+                self._reject(batch.runs[0], f"PostgreSQL cannot archive the run: {refusal}")
+            else:
+                for run in batch.runs:
+                    try:
+                        single = self._prepare(batch.stream, [run])
+                    except Exception:
+                        log.exception("processing run %s failed; retrying", run.seq)
+                        self._retry_later([run.seq])
+                        continue
+                    self._commit_or_refuse(single)
+
+    def _commit(self, batch: _Batch) -> None:
+        for _attempt in range(10):
+            started = time.perf_counter()
+            try:
+                late_rows = self._write(batch)
+            except _Retry as retry:
+                # Stream DDL or a concurrent commit raced us: recompute what is left.
+                if not retry.runs or batch.stream not in self.streams():
+                    break
+                batch = self._prepare(batch.stream, retry.runs)
+                continue
+            seconds = time.perf_counter() - started
+            self.metrics.stage_took("postgres", seconds)
+            log.info(
+                "committed %d runs of %s: %d rows; Spark %.2fs, PostgreSQL %.2fs",
+                len(batch.runs),
+                batch.stream,
+                batch.data.num_rows,
+                batch.spark_seconds,
+                seconds,
+            )
+            self.metrics.runs_done(batch.stream, batch.seqs, batch.data.num_rows, late_rows)
+            break
+        else:
+            raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
+        faults.reach("after_commit", [r.run_id for r in batch.runs])
+        for run in batch.runs:
+            if run.spool_path:
+                self.spool.remove(run.spool_path)
+            self._finish(run.seq)
+
+    def _write(self, batch: _Batch) -> int:
+        """One transaction: raw rows, partial rows, commit marker; returns the late rows.
+        Raises _Retry with the runs still to commit when the dependents or the set of
+        pending runs changed."""
+        stream, runs, dependents = batch.stream, batch.runs, batch.dependents
+        with self.engine.begin() as connection:
+            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(
+                sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(
+                    internal_table(raw_archive_table(stream))
+                )
+            )
+            # Under the lock, the dependents are final (see _backfill): recompute if changed.
+            records = self.plans.load(connection)
+            current = catalog.dependents(records, stream)
+            if [p.name for p in current] != [p.name for p in dependents]:
+                raise _Retry(runs)
+            committed = set(
+                connection.execute(
+                    sa.update(catalog.runs)
+                    .where(
+                        catalog.runs.c.seq.in_([r.seq for r in runs]),
+                        catalog.runs.c.status == "pending",
+                    )
+                    .values(status="committed", committed_at=sa.func.now())
+                    .returning(catalog.runs.c.seq)
+                ).scalars()
+            )
+            if committed != {r.seq for r in runs}:
+                raise _Retry([r for r in runs if r.seq in committed])
+            copy_in(cursor, raw_archive_table(stream), batch.data)
+            for name, partial in batch.partials.items():
+                copy_in(cursor, partial_archive_table(name), partial)
+            raw = records[stream].plan
+            assert isinstance(raw, RawStreamPlan)
+            windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
+            seqs = [r.seq for r in runs]
+            late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
+            record_corrections(connection, records, raw, batch.data)
+            faults.reach("in_pg_write", [r.run_id for r in runs])
+            return late_rows
