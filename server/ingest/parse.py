@@ -120,7 +120,6 @@ NDJSON_MEDIA_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "ap
 CSV_MEDIA_TYPES = frozenset({"text/csv"})
 
 
-
 # --------------------------------------------------------------------------- types
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
