@@ -18,12 +18,12 @@ from pyspark.sql import SparkSession
 from server import faults
 from server.catalog import PlanCache, create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
-from server.engines.embedded_pg import EmbeddedPostgres, Supervisor
+from server.engines.embedded_pg import EmbeddedPostgres, Supervisor, stored_url
 from server.engines.spark import create_spark_session, jvm_pid, stop_spark_session
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
-from server.security import configure_reader, secret
+from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import Settings
 from server.workers.backfill import Backfiller
@@ -146,9 +146,8 @@ def running(settings: Settings) -> Iterator[Runtime]:
         faults.register("spark", lambda: jvm_pid(backend.spark) if backend else None)
         runtime = assemble(settings, database_url, engine, backend)
         runtime.start()
-        info_file = settings.data_dir / INFO_FILE
-        info_file.write_text(json.dumps(runtime.info(), indent=2))
-        info_file.chmod(0o600)  # database_url may hold a password
+        # Owner-only from the first byte: database_url holds the owner's password.
+        write_private_file(settings.data_dir / INFO_FILE, json.dumps(runtime.info(), indent=2))
         yield runtime
     finally:
         if runtime is not None:
@@ -168,7 +167,9 @@ def stored_info(settings: Settings) -> dict[str, object]:
     details: dict[str, object] = json.loads(path.read_text()) if path.exists() else {}
     if settings.database_url:
         details["database_url"] = settings.database_url
-    elif "database_url" not in details:
-        details["database_url"] = None  # not started yet on this data dir
+    elif details.get("embedded_postgres", True):
+        # From the embedded PostgreSQL's own files, for whoever may read its password file
+        # (None before the first start, or for whoever may not).
+        details["database_url"] = stored_url(settings.postgres_dir) or details.get("database_url")
     details.setdefault("data_dir", str(Path(settings.data_dir).resolve()))
     return details

@@ -1,4 +1,5 @@
-"""Secrets: API tokens and their scopes, the dashboard role's password, redacted URLs.
+"""Secrets: API tokens and their scopes, the dashboard role's password, password
+verifiers, files that hold secrets, redacted URLs.
 
 Nothing here logs a secret or puts one in an exception message: errors name the setting,
 never its value.
@@ -6,9 +7,12 @@ never its value.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
+import os
+import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -161,6 +165,41 @@ def configure_reader(engine: sa.Engine, password: str | None) -> None:
             log.info("role %s may no longer log in (STRATA_READER_PASSWORD unset)", READER_ROLE)
     finally:
         raw.close()
+
+
+def scram_sha_256_verifier(password: str, *, iterations: int = 4096) -> str:
+    """What PostgreSQL stores for `password` (RFC 5802/7677, as libpq's
+    PQencryptPasswordConn computes it), for an ALTER ROLE that never carries the password.
+    The password must be ASCII without control characters, which SASLprep leaves as is."""
+    if not (password.isascii() and password.isprintable()):
+        raise ValueError("only printable ASCII passwords are supported")
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def write_private_file(path: Path, text: str, *, owner: int | None = None) -> None:
+    """Write `text` to `path` readable and writable by its owner only (`owner`, a uid, if
+    given; we must be root then) - from the first byte on, and atomically: a crash leaves
+    the old file or the new one."""
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.unlink(missing_ok=True)
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if owner is not None:
+            os.fchown(fd, owner, -1)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    scratch.replace(path)
 
 
 def redacted_url(url: str) -> str:

@@ -296,6 +296,9 @@ def test_settings_never_show_secrets(tmp_path: Path) -> None:
     assert redacted_url("postgresql://postgres@127.0.0.1:5432/strata") == (
         "postgresql://postgres@127.0.0.1:5432/strata"
     )
+    assert redacted_url("postgresql://postgres:Ab-9_x@127.0.0.1:5432/strata") == (
+        "postgresql://postgres:***@127.0.0.1:5432/strata"
+    )
 
 
 # -- the dashboard role -------------------------------------------------------------------
@@ -433,10 +436,10 @@ def _strip_strata_rules(pg: EmbeddedPostgres) -> None:
     lines = path.read_text().splitlines(keepends=True)
     start = lines.index("# BEGIN strata: managed by Strata, rewritten at every start\n")
     end = lines.index("# END strata\n")
-    path.write_text("".join(lines[:start] + lines[end + 1 :]))
+    path.write_text("".join(lines[:start] + lines[end + 1 :]).replace("scram-sha-256", "trust"))
 
 
-def test_embedded_postgres_wants_passwords_from_all_but_its_owner(tmp_path: Path) -> None:
+def test_embedded_postgres_wants_every_role_s_password(tmp_path: Path) -> None:
     pg = EmbeddedPostgres(tmp_path / "pg")
     url = pg.start()
     try:
@@ -447,28 +450,29 @@ def test_embedded_postgres_wants_passwords_from_all_but_its_owner(tmp_path: Path
         finally:
             engine.dispose()
 
-        def reader_gets_in(password: str) -> bool:
+        def gets_in(role: str, password: str) -> bool:
             try:
-                psycopg.connect(as_role(url, READER_ROLE, password)).close()
+                psycopg.connect(as_role(url, role, password)).close()
             except psycopg.OperationalError as exc:
                 assert "password authentication failed" in str(exc)
                 return False
             return True
 
-        assert reader_gets_in("right-pw") and not reader_gets_in("wrong-pw")
-        psycopg.connect(url).close()  # the owner's URL, no password, as before
-        # A data dir from before these rules: they are added at the next start...
+        assert gets_in(READER_ROLE, "right-pw") and not gets_in(READER_ROLE, "wrong-pw")
+        assert not gets_in("postgres", "wrong-pw")
+        psycopg.connect(url).close()  # the owner's URL, with its password
+        # A data dir whose rules say "trust": ours are put back at the next start...
         pg.stop()
         _strip_strata_rules(pg)
         assert EmbeddedPostgres(tmp_path / "pg").start() == url
-        assert not reader_gets_in("wrong-pw")
-        # ... and when attaching to a server already running with the old rules.
+        assert not gets_in(READER_ROLE, "wrong-pw") and not gets_in("postgres", "wrong-pw")
+        # ... and when attaching to a server already running with those rules.
         _strip_strata_rules(pg)
         with psycopg.connect(url, autocommit=True) as owner:
             owner.execute("SELECT pg_reload_conf()")
-        assert reader_gets_in("wrong-pw")  # initdb's trust rules
+        assert gets_in("postgres", "wrong-pw")  # the trust rules
         assert EmbeddedPostgres(tmp_path / "pg").start() == url
-        assert not reader_gets_in("wrong-pw")
+        assert not gets_in(READER_ROLE, "wrong-pw") and not gets_in("postgres", "wrong-pw")
         psycopg.connect(url).close()
     finally:
         pg.stop()

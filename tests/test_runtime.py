@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import psycopg
@@ -80,10 +82,11 @@ def wait_dead(pid: int, timeout: float = 10) -> None:
 def test_start_stop_restart_keeps_url_and_data(tmp_path: Path, make_pg: MakePg) -> None:
     pg = make_pg(tmp_path / "pg")
     url = pg.start()
-    assert url.startswith("postgresql://postgres@127.0.0.1:")
-    assert url.endswith("/strata")
+    password = pg.password_file.read_text().strip()
+    assert url == f"postgresql://postgres:{password}@127.0.0.1:{urlsplit(url).port}/strata"
     assert pg.url == url
     assert psql(url, "SHOW server_encoding") == "UTF8"
+    assert psql(url, "SHOW password_encryption") == "scram-sha-256"
     assert psql(url, "SHOW listen_addresses") == "127.0.0.1"
     psql(url, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
 
@@ -146,6 +149,36 @@ def test_start_when_the_stale_pid_now_belongs_to_another_process(
             assert psql(url, "SELECT 1") == "1"
         finally:
             impostor.kill()
+
+
+def _with_password(url: str, password: str | None) -> str:
+    parts = urlsplit(url)
+    user = "postgres" if password is None else f"postgres:{password}"
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
+
+
+def test_the_superuser_needs_its_password(tmp_path: Path, make_pg: MakePg) -> None:
+    pg = make_pg(tmp_path / "pg")
+    url = pg.start()
+    password = pg.password_file.read_text().strip()
+    assert len(password) >= 32
+    assert stat.S_IMODE(pg.password_file.stat().st_mode) == 0o600
+    assert pg.password_file.stat().st_uid == os.geteuid()
+    assert psql(url, "SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid") == "t"
+    socket_dir = str(pg.data_dir)
+    for refused in (
+        _with_password(url, None),
+        _with_password(url, "wrong"),
+        _with_password(url, password.upper()),
+        # the unix socket, and a replication connection (which could copy every file)
+        f"postgresql://postgres@/strata?host={socket_dir}&port={urlsplit(url).port}",
+        _with_password(url, None).replace("/strata", "/postgres?replication=true"),
+    ):
+        with pytest.raises(subprocess.CalledProcessError) as refusal:
+            psql(refused, "IDENTIFY_SYSTEM" if "replication" in refused else "SELECT 1")
+        assert "password" in refusal.value.stderr, refusal.value.stderr
+    # The password never shows in PostgreSQL's log.
+    assert password not in pg.log_file.read_text()
 
 
 def test_long_data_dir_path_runs_without_unix_socket(tmp_path: Path, make_pg: MakePg) -> None:

@@ -4,9 +4,14 @@ We drive initdb/pg_ctl ourselves instead of using the wheel's `PostgresServer`: 
 listens on a unix socket only and relies on global locks and atexit hooks, while Strata
 wants a plain TCP URL and a server that outlives the process that started it.
 
+Every role, the superuser included, logs in with a password (SCRAM-SHA-256): the
+superuser's is made at initialisation and kept in `password`, readable by its owner only,
+so that local users and processes that cannot read the data dir cannot change archives.
+
 Layout of `data_dir`:
 
     pgdata/          the cluster (PGDATA), created by initdb on first start
+    password         the superuser's password (mode 0600), made at initialisation
     port             the TCP port, chosen on first start and reused afterwards
     postgres.log     the server log
     .lock            serialises start/stop between processes
@@ -21,6 +26,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import socket
@@ -33,12 +39,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import psutil
 import psycopg
 from psycopg import sql
 
 from server.errors import EmbeddedPostgresError
+from server.security import redacted_url, scram_sha_256_verifier, write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +57,22 @@ DATABASE = "strata"
 SYSTEM_USER = "strata_pg"
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
+PASSWORD_FILE = "password"
 
-# Put at the top of pg_hba.conf at every start (first match wins), above initdb's "trust
-# everyone" lines, which existing data dirs still have: the superuser Strata connects as
-# stays trusted on loopback (its URL has no password, as `strata info` prints it), every
-# other role - strata_reader for dashboards, roles an operator creates - needs its password.
+# Put at the top of pg_hba.conf at every start (first match wins), above what initdb wrote
+# (data dirs of earlier releases still have its "trust everyone" lines below): every role,
+# the superuser included, gives its password, on the unix socket and on loopback - the only
+# places the server listens on - and for replication connections too, which the database
+# keyword "all" does not cover and which could copy every file of the cluster.
 HBA_BEGIN = "# BEGIN strata: managed by Strata, rewritten at every start"
 HBA_END = "# END strata"
 HBA_RULES = (
-    f"local   all  {SUPERUSER}                 trust",
-    f"host    all  {SUPERUSER}  127.0.0.1/32   trust",
-    f"host    all  {SUPERUSER}  ::1/128        trust",
-    "local   all  all                      scram-sha-256",
-    "host    all  all       127.0.0.1/32   scram-sha-256",
-    "host    all  all       ::1/128        scram-sha-256",
+    "local   all          all                  scram-sha-256",
+    "host    all          all   127.0.0.1/32   scram-sha-256",
+    "host    all          all   ::1/128        scram-sha-256",
+    "local   replication  all                  scram-sha-256",
+    "host    replication  all   127.0.0.1/32   scram-sha-256",
+    "host    replication  all   ::1/128        scram-sha-256",
 )
 
 # Written into postgresql.conf by initdb, so an operator can still edit them afterwards.
@@ -121,20 +131,23 @@ class EmbeddedPostgres:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.pgdata = self.data_dir / "pgdata"
         self.log_file = self.data_dir / "postgres.log"
+        self.password_file = self.data_dir / PASSWORD_FILE
         self._port_file = self.data_dir / "port"
         self._requested_port = port
         self._port: int | None = None
         self._pid: int | None = None
+        self._password: str | None = None
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres({str(self.data_dir)!r}, port={self._port}, pid={self._pid})"
 
     @property
     def url(self) -> str:
-        """URL of the `strata` database, e.g. postgresql://postgres@127.0.0.1:5433/strata."""
-        if self._port is None:
+        """URL of the `strata` database, as the superuser with its password, e.g.
+        postgresql://postgres:<password>@127.0.0.1:5433/strata. Log `redacted_url(url)`."""
+        if self._port is None or self._password is None:
             raise EmbeddedPostgresError(f"{self!r} has not been started")
-        return f"postgresql://{SUPERUSER}@{HOST}:{self._port}/{DATABASE}"
+        return _url(self._password, self._port, DATABASE)
 
     @property
     def pid(self) -> int | None:
@@ -152,6 +165,7 @@ class EmbeddedPostgres:
                 log.info(
                     "Reusing PostgreSQL (pid %d) already running on %s", self._pid, self.pgdata
                 )
+                self._ensure_password(run_as=None, running=True)
                 reload = self._ensure_hba()
                 if self._requested_port not in (None, self._port):
                     log.warning(
@@ -235,6 +249,8 @@ class EmbeddedPostgres:
         port = self._choose_port()
         if not self.pgdata.exists():
             self._initdb(run_as)
+        else:
+            self._ensure_password(run_as=run_as, running=False)
         self._ensure_hba()
         self._remove_foreign_lock_files()
 
@@ -271,27 +287,97 @@ class EmbeddedPostgres:
         scratch = self.data_dir / "pgdata.initdb"
         shutil.rmtree(scratch, ignore_errors=True)
         settings = [f"--set={name}={value}" for name, value in SERVER_SETTINGS.items()]
+        password = secrets.token_urlsafe(24)
+        # initdb reads the password from a file (not its command line, which `ps` shows),
+        # as PostgreSQL's user when we are root; removed as soon as initdb is done.
+        password_input = self.data_dir / "password.initdb"
+        write_private_file(password_input, password + "\n", owner=run_as.uid if run_as else None)
         started = time.monotonic()
-        result = self._run(
-            [
-                "initdb",
-                "-D",
-                str(scratch),
-                f"--username={SUPERUSER}",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-instructions",
-                *settings,
-            ],
-            run_as,
-            timeout=300,
-        )
+        try:
+            result = self._run(
+                [
+                    "initdb",
+                    "-D",
+                    str(scratch),
+                    f"--username={SUPERUSER}",
+                    f"--pwfile={password_input}",
+                    "--auth=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-instructions",
+                    *settings,
+                ],
+                run_as,
+                timeout=300,
+            )
+        finally:
+            password_input.unlink(missing_ok=True)
         if result.returncode != 0:
             shutil.rmtree(scratch, ignore_errors=True)
             raise self._error(f"initdb of {self.pgdata} failed", result, with_log=False)
         scratch.rename(self.pgdata)
+        # A crash right here leaves a cluster whose password is nowhere: the next start
+        # finds no password file and gives the superuser a new one, as for an old data dir.
+        write_private_file(self.password_file, password + "\n")
+        self._password = password
         log.info("Initialised %s in %.1fs", self.pgdata, time.monotonic() - started)
+
+    def _ensure_password(self, *, run_as: _RunAs | None, running: bool) -> None:
+        """Read the superuser's password; a data dir from before passwords (or one whose
+        password file was lost) gets a new one, set in the cluster before it is written to
+        the file: a crash in between leaves no file, and the next start sets another."""
+        try:
+            self._password = self.password_file.read_text().strip() or None
+        except FileNotFoundError:
+            self._password = None
+        if self._password is not None:
+            return
+        password = secrets.token_urlsafe(24)
+        # The verifier, not the password, is what PostgreSQL stores and what the statement
+        # carries, so that no log or error message of the server could show the password.
+        statement = f"ALTER ROLE {SUPERUSER} WITH PASSWORD '{scram_sha_256_verifier(password)}'"
+        if running:
+            self._set_password_online(statement)
+        else:
+            self._set_password_single_user(statement, run_as)
+        write_private_file(self.password_file, password + "\n")
+        self._password = password
+        log.info(
+            "Gave PostgreSQL's superuser %s a password, kept in %s", SUPERUSER, self.password_file
+        )
+
+    def _set_password_online(self, statement: str) -> None:
+        # A server of an earlier release: its pg_hba.conf (read when it started) still
+        # trusts the superuser on loopback, which is how we get in to set the password.
+        assert self._port is not None
+        try:
+            with psycopg.connect(
+                _url(None, self._port, "postgres"), autocommit=True, connect_timeout=10
+            ) as conn:
+                conn.execute(statement.encode())
+        except psycopg.Error as exc:
+            raise EmbeddedPostgresError(
+                f"PostgreSQL (pid {self._pid}) runs on {self.pgdata}, but {self.password_file}, "
+                f"the password of its superuser, is missing, and the server does not let "
+                f"Strata in without it ({type(exc).__name__}). Stop it (pg_ctl stop -D "
+                f"{self.pgdata}) and start Strata again: it then sets a new password."
+            ) from None
+
+    def _set_password_single_user(self, statement: str, run_as: _RunAs | None) -> None:
+        # The server is stopped: its single-user mode takes the statement on stdin, with no
+        # client authentication at all (it runs as the cluster's owner).
+        result = self._run(
+            ["postgres", "--single", "-D", str(self.pgdata), "-c", "exit_on_error=on", "postgres"],
+            run_as,
+            timeout=120,
+            stdin=statement + "\n",
+        )
+        if result.returncode != 0:
+            output = result.stdout.replace(statement, "ALTER ROLE ... PASSWORD ...")
+            raise EmbeddedPostgresError(
+                f"Setting the password of {SUPERUSER} on {self.pgdata} failed (exit code "
+                f"{result.returncode}):\n{output.strip()}"
+            )
 
     def _choose_port(self) -> int:
         if self._requested_port is not None:
@@ -364,14 +450,15 @@ class EmbeddedPostgres:
         return True
 
     def _ensure_database(self, *, reload: bool = False) -> None:
-        admin_url = f"postgresql://{SUPERUSER}@{HOST}:{self._port}/postgres"
+        assert self._port is not None
+        admin_url = _url(self._password, self._port, "postgres")
         try:
             conn = psycopg.connect(admin_url, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as exc:
             raise EmbeddedPostgresError(
                 f"PostgreSQL (pid {self._pid}) runs on {self.pgdata}, but connecting to "
-                f"{admin_url} failed: {exc}\n{self._log_tail()}"
-            ) from exc
+                f"{redacted_url(admin_url)} failed: {exc}\n{self._log_tail()}"
+            ) from None
         with conn:
             if reload:  # pg_hba.conf changed under a running server
                 conn.execute("SELECT pg_reload_conf()")
@@ -409,9 +496,10 @@ class EmbeddedPostgres:
             _make_world_readable(POSTGRES_BIN_PATH.parent)
 
     def _run(
-        self, argv: list[str], run_as: _RunAs | None, *, timeout: float
+        self, argv: list[str], run_as: _RunAs | None, *, timeout: float, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a PostgreSQL binary; output (stdout and stderr together) is in `.stdout`."""
+        """Run a PostgreSQL binary (`stdin` its input, if any); output (stdout and stderr
+        together) is in `.stdout`."""
         argv = [str(POSTGRES_BIN_PATH / argv[0]), *argv[1:]]
         # PG* variables (PGDATA, PGPORT, ...) of the caller must not leak into our server.
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
@@ -424,8 +512,10 @@ class EmbeddedPostgres:
                     argv,
                     cwd=self.data_dir,
                     env=env,
-                    stdin=subprocess.DEVNULL,
+                    input=stdin,
+                    stdin=None if stdin is not None else subprocess.DEVNULL,
                     stdout=out,
+                    text=True,
                     stderr=subprocess.STDOUT,
                     timeout=timeout,
                     check=False,
@@ -505,6 +595,23 @@ class Supervisor:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def _url(password: str | None, port: int, database: str) -> str:
+    user = SUPERUSER if password is None else f"{SUPERUSER}:{quote(password, safe='')}"
+    return f"postgresql://{user}@{HOST}:{port}/{database}"
+
+
+def stored_url(data_dir: Path) -> str | None:
+    """The URL of the embedded PostgreSQL of `data_dir` (an EmbeddedPostgres data dir), for
+    whoever may read its password file; None before its first start."""
+    data_dir = Path(data_dir)
+    port = _read_int(data_dir / "port")
+    try:
+        password = (data_dir / PASSWORD_FILE).read_text().strip()
+    except OSError:
+        return None
+    return _url(password, port, DATABASE) if port and password else None
 
 
 def _read_pid_file(pgdata: Path) -> _PidFile | None:
