@@ -118,7 +118,7 @@ def running(settings: Settings) -> Iterator[Runtime]:
     if settings.database_url:
         database_url = settings.database_url
     else:
-        embedded = EmbeddedPostgres(settings.postgres_dir)
+        embedded = EmbeddedPostgres(settings.postgres_dir, linger=settings.postgres_linger)
         log.info("starting embedded PostgreSQL in %s", settings.postgres_dir)
         database_url = embedded.start()
         supervisor = Supervisor(embedded)

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
         "until a later start includes it: views stay exact, archives are just not compacted, "
         "materialized, repaired or back-filled meanwhile.",
     )
+    postgres_linger: float = Field(
+        60.0,
+        description="Seconds the embedded PostgreSQL keeps running after the last process "
+        "using it was killed instead of stopped, for a restart to reuse it; then a watchdog "
+        "stops it.",
+    )
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
     )

@@ -7,6 +7,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,8 +30,8 @@ def make_pg() -> Iterator[MakePg]:
     """Build EmbeddedPostgres objects; whatever runs on their data dirs is stopped afterwards."""
     made: list[EmbeddedPostgres] = []
 
-    def make(data_dir: Path, port: int | None = None) -> EmbeddedPostgres:
-        pg = EmbeddedPostgres(data_dir, port)
+    def make(data_dir: Path, port: int | None = None, **options: float) -> EmbeddedPostgres:
+        pg = EmbeddedPostgres(data_dir, port, **options)
         made.append(pg)
         return pg
 
@@ -179,6 +180,50 @@ def test_the_superuser_needs_its_password(tmp_path: Path, make_pg: MakePg) -> No
         assert "password" in refusal.value.stderr, refusal.value.stderr
     # The password never shows in PostgreSQL's log.
     assert password not in pg.log_file.read_text()
+
+
+def test_watchdog_stops_postgres_once_unused_for_the_linger(
+    tmp_path: Path, make_pg: MakePg
+) -> None:
+    """The process that started PostgreSQL is killed: PostgreSQL keeps running for a
+    restart within the linger, which finds the same server; without one, it is stopped."""
+    data_dir = tmp_path / "pg"
+    linger = 8  # time enough for a Python process to start on a busy machine
+    holder_code = (
+        "import sys, time; from server.engines.embedded_pg import EmbeddedPostgres; "
+        f"pg = EmbeddedPostgres({str(data_dir)!r}, linger={linger}); "
+        "print(pg.start(), flush=True); time.sleep(600)"
+    )
+
+    def holder() -> tuple[subprocess.Popen[str], str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", holder_code], stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None
+        return process, process.stdout.readline().strip()
+
+    def postmaster() -> int:
+        return int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+
+    first, url = holder()
+    psql(url, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (1)")
+    started = postmaster()
+    first.kill()
+    first.wait()
+    second, second_url = holder()  # a restart, within the linger
+    assert second_url == url
+    assert postmaster() == started and not is_dead(started)
+    time.sleep(1.0)  # the watchdog looks twice a second
+    second.kill()
+    second.wait()
+    killed = time.monotonic()
+    wait_dead(started, timeout=linger + 30)  # no restart after the second kill
+    assert time.monotonic() - killed >= linger
+    log = (data_dir / "watchdog.log").read_text()
+    assert "in use again" in log and f"unused for {linger}s: stopping it" in log
+    # The next start finds everything, of course.
+    assert make_pg(data_dir).start() == url
+    assert psql(url, "SELECT x FROM kept") == "1"
 
 
 def test_long_data_dir_path_runs_without_unix_socket(tmp_path: Path, make_pg: MakePg) -> None:

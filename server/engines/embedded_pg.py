@@ -2,7 +2,9 @@
 
 We drive initdb/pg_ctl ourselves instead of using the wheel's `PostgresServer`: that class
 listens on a unix socket only and relies on global locks and atexit hooks, while Strata
-wants a plain TCP URL and a server that outlives the process that started it.
+wants a plain TCP URL and a server that outlives the process that started it - for a
+while: a restart after a crash finds it running, but a watchdog (server/engines/
+pg_watchdog.py) stops it once no process has used it for `linger` seconds.
 
 Every role, the superuser included, logs in with a password (SCRAM-SHA-256): the
 superuser's is made at initialisation and kept in `password`, readable by its owner only,
@@ -14,7 +16,10 @@ Layout of `data_dir`:
     password         the superuser's password (mode 0600), made at initialisation
     port             the TCP port, chosen on first start and reused afterwards
     postgres.log     the server log
+    watchdog.log     what the watchdog did
     .lock            serialises start/stop between processes
+    in-use.lock      held (shared) by every process that started or attached to the server
+    watchdog.lock    held by the running watchdog
     .s.PGSQL.<port>  the unix socket, when the path is short enough for one
 """
 
@@ -39,6 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 import psutil
@@ -47,6 +53,7 @@ from psycopg import sql
 
 from server.errors import EmbeddedPostgresError
 from server.security import redacted_url, scram_sha_256_verifier, write_private_file
+from server.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,8 @@ SYSTEM_USER = "strata_pg"
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
 PASSWORD_FILE = "password"
+IN_USE_LOCK = "in-use.lock"
+WATCHDOG_LOCK = "watchdog.lock"
 
 # Put at the top of pg_hba.conf at every start (first match wins), above what initdb wrote
 # (data dirs of earlier releases still have its "trust everyone" lines below): every role,
@@ -122,10 +131,19 @@ class EmbeddedPostgres:
     """A PostgreSQL server owned by Strata, listening on 127.0.0.1 only.
 
     The server outlives this object and the Python process: `start()` on a data dir
-    whose server is still running attaches to it instead of starting another one.
+    whose server is still running attaches to it instead of starting another one. From
+    `start()` to `stop()` this object holds the data dir's in-use lock; once no process
+    holds it for `linger` seconds (every user was killed, none came back), the watchdog
+    stops the server.
     """
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        linger: float = DEFAULTS.postgres_linger,
+    ) -> None:
         # Resolved, because a running postgres reports its cwd (= PGDATA) with symlinks
         # resolved, and that is how we recognise our own server processes.
         self.data_dir = Path(data_dir).expanduser().resolve()
@@ -134,9 +152,11 @@ class EmbeddedPostgres:
         self.password_file = self.data_dir / PASSWORD_FILE
         self._port_file = self.data_dir / "port"
         self._requested_port = port
+        self.linger = linger
         self._port: int | None = None
         self._pid: int | None = None
         self._password: str | None = None
+        self._in_use: IO[str] | None = None
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres({str(self.data_dir)!r}, port={self._port}, pid={self._pid})"
@@ -157,6 +177,9 @@ class EmbeddedPostgres:
     def start(self) -> str:
         """Start the server (or attach to the one already running here); return its URL."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Taken before the start/stop lock, as the watchdog takes them: a watchdog stopping
+        # the server makes us wait until it is done, and we then start a new one.
+        self._hold()
         with self._exclusive():
             running = self._find_running()
             reload = False
@@ -177,7 +200,13 @@ class EmbeddedPostgres:
             else:
                 self._start_new()
             self._ensure_database(reload=reload)
+        _start_watchdog(self.data_dir, self.linger)
         return self.url
+
+    def running(self) -> bool:
+        """Whether a postmaster runs on this data dir (whoever started it)."""
+        info = _read_pid_file(self.pgdata)
+        return info is not None and _our_postgres(info.pid, self.pgdata) is not None
 
     def revive(self) -> bool:
         """Start the server again if it died (kill -9, the OOM killer) since `start()`;
@@ -195,32 +224,50 @@ class EmbeddedPostgres:
         """Stop the server running on this data dir (fast shutdown); no-op if none is."""
         if not self.data_dir.exists():
             return
-        with self._exclusive():
-            info = _read_pid_file(self.pgdata)
-            proc = _our_postgres(info.pid, self.pgdata) if info else None
-            if proc is None:
+        try:
+            with self._exclusive():
+                info = _read_pid_file(self.pgdata)
+                proc = _our_postgres(info.pid, self.pgdata) if info else None
+                if proc is None:
+                    self._pid = None
+                    return
+                result = self._run(
+                    [
+                        "pg_ctl",
+                        "stop",
+                        "-D",
+                        str(self.pgdata),
+                        "-m",
+                        "fast",
+                        "-w",
+                        "-t",
+                        str(STOP_TIMEOUT_S),
+                    ],
+                    self._run_as(create_user=False),
+                    timeout=STOP_TIMEOUT_S + 10,
+                )
+                # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment.
+                failed = result.returncode != 0 and _is_alive(proc)
+                if failed or not _wait_until_gone([proc], timeout=10):
+                    raise self._error(f"Stopping PostgreSQL (pid {proc.pid}) failed", result)
                 self._pid = None
-                return
-            result = self._run(
-                [
-                    "pg_ctl",
-                    "stop",
-                    "-D",
-                    str(self.pgdata),
-                    "-m",
-                    "fast",
-                    "-w",
-                    "-t",
-                    str(STOP_TIMEOUT_S),
-                ],
-                self._run_as(create_user=False),
-                timeout=STOP_TIMEOUT_S + 10,
-            )
-            # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment.
-            failed = result.returncode != 0 and _is_alive(proc)
-            if failed or not _wait_until_gone([proc], timeout=10):
-                raise self._error(f"Stopping PostgreSQL (pid {proc.pid}) failed", result)
-            self._pid = None
+        finally:
+            self._release()
+
+    # -- the in-use lock the watchdog watches ---------------------------------------------
+
+    def _hold(self) -> None:
+        if self._in_use is None:
+            # Not inherited by child processes (PEP 446), so a JVM or pg_ctl we start never
+            # keeps the server "in use" after we are gone.
+            handle = open(self.data_dir / IN_USE_LOCK, "a")  # noqa: SIM115 - held until stop
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            self._in_use = handle
+
+    def _release(self) -> None:
+        if self._in_use is not None:
+            self._in_use.close()
+            self._in_use = None
 
     # -- starting -------------------------------------------------------------------------
 
@@ -612,6 +659,35 @@ def stored_url(data_dir: Path) -> str | None:
     except OSError:
         return None
     return _url(password, port, DATABASE) if port and password else None
+
+
+def _start_watchdog(data_dir: Path, linger: float) -> None:
+    """Start the watchdog of `data_dir` unless one runs; returns once it watches."""
+    with open(data_dir / WATCHDOG_LOCK, "a") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # one watches already
+        fcntl.flock(probe, fcntl.LOCK_UN)
+    # The watchdog imports `server` from where this process does, whatever its cwd.
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with open(data_dir / "watchdog.log", "a") as out:
+        # It detaches (a session of its own, not our child) once it holds its lock, so
+        # neither a kill of our process group nor our exit touches it.
+        result = subprocess.run(
+            [sys.executable, "-m", "server.engines.pg_watchdog", str(data_dir), str(linger)],
+            cwd="/",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+            check=False,
+        )
+    if result.returncode != 0:
+        log.warning("The PostgreSQL watchdog did not start; see %s", data_dir / "watchdog.log")
 
 
 def _read_pid_file(pgdata: Path) -> _PidFile | None:
