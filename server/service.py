@@ -91,6 +91,7 @@ class StrataService:
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
                     _execute_plan_sql(connection, statement)
+                self._grant_reader(connection, plan.name)
                 if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
                     self._plan_backfill(connection, plan)
         except sa.exc.IntegrityError as err:
@@ -118,6 +119,15 @@ class StrataService:
         ).scalar()
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
+
+    @staticmethod
+    def _grant_reader(connection: sa.Connection, name: str) -> None:
+        """Let the dashboard role read the stream's view (migration 0009): it reads the
+        stream views and nothing else of public unless an owner grants it."""
+        connection.execute(
+            sa.text("SELECT public.strata_grant_reader(CAST(:view AS regclass))"),
+            {"view": sql.Identifier(PUBLIC_SCHEMA, name).as_string()},
+        )
 
     def _plan_backfill(self, connection: sa.Connection, plan: DerivedStreamPlan) -> None:
         """Order the new stream against concurrent runs, then leave the history to the

@@ -309,6 +309,11 @@ def as_role(url: str, user: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
 
 
+def as_owner(strata: Strata, statements: str) -> None:
+    with psycopg.connect(strata.database_url, autocommit=True) as owner:
+        owner.execute(statements.encode())
+
+
 def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
     strata.create(IMPSNS)
     strata.create(COUNT)
@@ -316,11 +321,19 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
     assert top["parallelism"] == "SP"
     strata.ingest("impsns", ROWS)
     configure_reader(strata.service.engine, "reader-pw-1")
+    # A table of the owner's own in public, as the dimension tables streams join will be.
+    as_owner(
+        strata,
+        "CREATE TABLE public.campaign_budgets (campaign text, budget numeric);"
+        "CREATE VIEW public.big_budgets AS SELECT * FROM campaign_budgets WHERE budget > 10;"
+        "INSERT INTO campaign_budgets VALUES ('a', 100)",
+    )
     internal = strata.query(
         "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables "
         "WHERE schemaname IN ('strata_internal', 'strata_catalog')"
     )
     assert len(internal) > 5
+    owners = ["public.campaign_budgets", "public.big_budgets"]
     with psycopg.connect(
         as_role(strata.database_url, READER_ROLE, "reader-pw-1"), autocommit=True
     ) as reader:
@@ -330,7 +343,7 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
         assert reader.execute("SELECT max(top) FROM impsn_top").fetchone() == (2,)
         # The functions serial views call read the catalog for the reader.
         reader.execute("SELECT strata_serial_until('impsn_top'), strata_serial_corrected('x')")
-        denied = [f"SELECT * FROM {table}" for (table,) in internal] + [
+        denied = [f"SELECT * FROM {table}" for (table,) in internal + [(t,) for t in owners]] + [
             "INSERT INTO impsns (campaign, t) VALUES ('x', now())",
             "UPDATE impsns SET campaign = 'x'",
             "DELETE FROM impsns",
@@ -347,12 +360,32 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 reader.execute(statement)
                 pytest.fail(f"the reader could: {statement}")
-    # A stream created later is readable too (default privileges).
+    # A stream created later is readable too (granted as it is created); an owner's table
+    # once its owner grants it.
     strata.create("CREATE STREAM later (t timestamptz) WITH (event_time = 't')")
+    as_owner(strata, f"GRANT SELECT ON campaign_budgets TO {READER_ROLE}")
+    as_owner(strata, "CREATE TABLE public.created_after (x int)")
     with psycopg.connect(
         as_role(strata.database_url, READER_ROLE, "reader-pw-1"), autocommit=True
     ) as reader:
         assert reader.execute("SELECT count(*) FROM later").fetchone() == (0,)
+        assert reader.execute("SELECT budget FROM campaign_budgets").fetchone() == (100,)
+        for table in ("big_budgets", "created_after"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                reader.execute(f"SELECT * FROM {table}")
+    # What the reader may read in public: exactly the stream views and the granted table.
+    readable = strata.query(
+        "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace "
+        "AND has_table_privilege(%s, c.oid, 'SELECT') ORDER BY 1",
+        READER_ROLE,
+    )
+    assert [name for (name,) in readable] == [
+        "campaign_budgets",
+        "impsn_count",
+        "impsn_top",
+        "impsns",
+        "later",
+    ]
 
 
 def test_catalog_functions_run_as_their_owner(strata: Strata) -> None:
@@ -409,6 +442,15 @@ def test_migration_downgrades_and_upgrades_again(fresh_db: str) -> None:
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         with engine.connect() as connection:
             config.attributes["connection"] = connection
+            command.downgrade(config, "0006")
+        with psycopg.connect(fresh_db) as conn:  # 0006's broad default is back
+            assert conn.execute(
+                "SELECT count(*) FROM pg_default_acl WHERE defaclobjtype = 'r' "
+                "AND defaclacl::text LIKE %s",
+                (f"%{READER_ROLE}%",),
+            ).fetchone() == (1,)
+        with engine.connect() as connection:
+            config.attributes["connection"] = connection
             command.downgrade(config, "0005")
         with psycopg.connect(fresh_db) as conn:
             assert conn.execute(
@@ -423,6 +465,16 @@ def test_migration_downgrades_and_upgrades_again(fresh_db: str) -> None:
             assert conn.execute(
                 "SELECT bool_and(prosecdef) FROM pg_proc WHERE proname LIKE 'strata_serial_%'"
             ).fetchone() == (True,)
+            # No default lets the reader read new tables; the grant function is the owner's.
+            assert conn.execute(
+                "SELECT count(*) FROM pg_default_acl WHERE defaclobjtype = 'r' "
+                "AND defaclacl::text LIKE %s",
+                (f"%{READER_ROLE}%",),
+            ).fetchone() == (0,)
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, 'strata_grant_reader(regclass)', 'EXECUTE')",
+                (READER_ROLE,),
+            ).fetchone() == (False,)
     finally:
         engine.dispose()
 
