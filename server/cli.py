@@ -6,12 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from server.settings import Settings
+
+if TYPE_CHECKING:  # imported when needed: `strata info` need not load them
+    import uvicorn
+
+    from server.shutdown import Shutdown
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -25,10 +33,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
-def _shutting_down(signum: int, _frame: object) -> None:
-    logging.getLogger("strata").info("%s: shutting down", signal.Signals(signum).name)
-
-
 def up(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -36,6 +40,7 @@ def up(args: argparse.Namespace) -> int:
     from server.errors import SecretSettingError
     from server.runtime import running
     from server.security import Tokens, redacted_url, secret
+    from server.shutdown import HTTP_SHARE, Shutdown, ShutdownRequested  # noqa: F811
 
     settings = _settings(args)
     logging.basicConfig(
@@ -56,19 +61,52 @@ def up(args: argparse.Namespace) -> int:
             settings.host,
             settings.port,
         )
-    with running(settings) as runtime:
-        details = runtime.info()
-        app = create_app(runtime.service, settings, details)
-        # The console is a log: no password of the database URL (GET /info has it).
-        shown = details | {"database_url": redacted_url(str(details["database_url"]))}
-        print(json.dumps(shown), flush=True)
-        # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and, once done, raises
-        # the signal again for the handler it found installed. That handler must not end
-        # the process: `running` still has to stop the worker, Spark and PostgreSQL.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _shutting_down)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
-    return 0
+    # From here on SIGINT and SIGTERM stop everything in order (server/shutdown.py).
+    shutdown = Shutdown(settings.shutdown_timeout)
+    shutdown.install_handlers()
+    try:
+        with running(settings, shutdown) as runtime:
+            details = runtime.info()
+            app = create_app(runtime.service, settings, details)
+            # The console is a log: no password of the database URL (GET /info has it).
+            shown = details | {"database_url": redacted_url(str(details["database_url"]))}
+            print(json.dumps(shown), flush=True)
+            config = uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level="info",
+                timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout * HTTP_SHARE)),
+            )
+            server = _http_server(config, shutdown)
+            shutdown.on_request(lambda: setattr(server, "should_exit", True))
+            shutdown.serving()
+            server.run()
+    except ShutdownRequested:
+        pass  # a signal during start-up: `running` stopped what had started
+    # Everything is stopped. The interpreter's own teardown (freeing every module's objects:
+    # pyspark, pyarrow, ...) takes seconds of a busy machine and would count against the
+    # time `docker stop` gives us, for nothing: the kernel releases what is left.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _http_server(config: uvicorn.Config, shutdown: Shutdown) -> uvicorn.Server:
+    import uvicorn
+
+    class HttpServer(uvicorn.Server):
+        """uvicorn's server, whose signal handler (installed while it runs) also starts
+        Strata's stop at once: the workers and Spark need not wait for HTTP to drain."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            shutdown.handle_signal(sig, frame)
+            super().handle_exit(sig, frame)
+            # Our handler has seen it: uvicorn must not raise it again once it is done.
+            self._captured_signals.clear()
+
+    return HttpServer(config)
 
 
 def info(args: argparse.Namespace) -> int:

@@ -12,12 +12,21 @@ reaches ``phase`` in the worker (server/service.py):
 - ``in_pg_write``: inside the commit transaction, after the COPYs, before COMMIT;
 - ``after_commit``: the run is committed; a client waiting for it is not yet told.
 
-``target`` is ``server`` (SIGKILL to the whole process group of `strata up`, the Spark
-JVM with it; the embedded PostgreSQL runs in a session of its own), ``postgres`` (the
-embedded PostgreSQL: postmaster and backends) or ``spark`` (the Spark driver JVM). Before
-the kill the hook holds the batch for a second, so that runs posted meanwhile are
+``target`` is what is killed or signalled:
+
+- ``server``: SIGKILL to the Spark driver JVM and the whole process group of `strata up`
+  (the JVM and the embedded PostgreSQL run in sessions of their own): a crash of the
+  machine's Strata but for PostgreSQL;
+- ``postgres``: SIGKILL to the embedded PostgreSQL, postmaster and backends;
+- ``spark``: SIGKILL to the Spark driver JVM;
+- ``sigint``: SIGINT to the process group of `strata up`, as a terminal's Ctrl-C sends it;
+- ``sigterm``: SIGTERM to every process of Strata - the process group, the JVM, and the
+  embedded PostgreSQL's postmaster and backends - as `systemctl stop` sends it.
+
+Before striking, the hook holds the batch for a second, so that runs posted meanwhile are
 acknowledged and pending when it strikes; not at ``after_commit``, where a waiting client
-would otherwise hear of the commit first. Without STRATA_FAULT, ``reach`` does nothing.
+would otherwise hear of the commit first. After a signal (not a kill) the batch goes on,
+and meets the stop wherever it is. Without STRATA_FAULT, ``reach`` does nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import psutil
 log = logging.getLogger(__name__)
 
 PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit")
-TARGETS = ("server", "postgres", "spark")
+TARGETS = ("server", "postgres", "spark", "sigint", "sigterm")
 HOLD_SECONDS = 1.0
 
 
@@ -80,21 +89,49 @@ def reach(phase: str, run_ids: Iterable[str]) -> None:
         if fault is None:
             return
         _armed.remove(fault)
-    log.warning("fault injection: kill -9 of %s at %s of run %s", fault.target, phase, fault.run_id)
+    log.warning("fault injection: %s at %s of run %s", fault.target, phase, fault.run_id)
     if phase != "after_commit":
         time.sleep(HOLD_SECONDS)
     if fault.target == "server":
+        kill_tree(_pid("spark") or 0)
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    pid_of = _pids.get(fault.target)
-    pid = pid_of() if pid_of else None
-    if pid is None:  # e.g. PostgreSQL is not embedded
-        log.warning("fault injection: no %s process to kill", fault.target)
+    elif fault.target == "sigint":
+        os.killpg(os.getpgrp(), signal.SIGINT)
+    elif fault.target == "sigterm":
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        for target in ("spark", "postgres"):
+            signal_tree(_pid(target) or 0, signal.SIGTERM)
+    else:
+        pid = _pid(fault.target)
+        if pid is None:  # e.g. PostgreSQL is not embedded
+            log.warning("fault injection: no %s process to kill", fault.target)
+            return
+        kill_tree(pid)
+
+
+def _pid(target: str) -> int | None:
+    pid_of = _pids.get(target)
+    return pid_of() if pid_of else None
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` and its descendants, as systemd does (no-op for 0)."""
+    if not pid:
         return
-    kill_tree(pid)
+    try:
+        root = psutil.Process(pid)
+        targets = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for target in targets:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            target.send_signal(sig)
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants, and wait until they are gone."""
+    """SIGKILL ``pid`` and its descendants, and wait until they are gone (no-op for 0)."""
+    if not pid:
+        return
     try:
         root = psutil.Process(pid)
         victims = [root, *root.children(recursive=True)]

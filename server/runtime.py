@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +20,14 @@ from server import faults
 from server.catalog import PlanCache, create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.engines.embedded_pg import EmbeddedPostgres, Supervisor, stored_url
-from server.engines.spark import create_spark_session, jvm_pid, stop_spark_session
+from server.engines.spark import create_spark_session, jvm_pid, kill_driver_jvms
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import Settings
+from server.shutdown import SPARK_SHARE, WORK_SHARE, Shutdown
 from server.workers.backfill import Backfiller
 from server.workers.loop import Worker
 from server.workers.reducer import Reducer
@@ -64,13 +66,32 @@ class Runtime:
         for worker in self.workers.values():
             worker.start()
 
-    def stop(self) -> None:
+    def begin_stop(self) -> None:
+        """Ask everything to stop, without waiting: workers finish their step, the
+        pipeline takes no new batch and wakes the clients waiting for runs, Spark jobs in
+        flight are cancelled (their runs stay pending)."""
         # Every worker finishes its current step at the same time, not one after another.
         for worker in self.workers.values():
             worker.request_stop()
-        for worker in reversed(self.workers.values()):
-            worker.stop()
-        self.service.pipeline.stop()
+        self.service.pipeline.request_stop()
+        self.backend.close()
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop the workers and the pipeline; a commit still running at ``deadline`` (a
+        time.monotonic() value; None: a minute) is cancelled and rolls back."""
+        self.begin_stop()
+        end = time.monotonic() + 60 if deadline is None else deadline
+        pipeline = self.service.pipeline
+        while time.monotonic() < end and (
+            pipeline.running or any(w.running for w in self.workers.values())
+        ):
+            time.sleep(0.2)
+            # Spark cancels the jobs running when asked, not those a step or a batch starts
+            # a moment later (a batch runs several): cancel again until they are all done.
+            self.backend.close()
+        for worker in self.workers.values():
+            worker.stop(0.0)
+        pipeline.stop(end)
 
 
 def assemble(
@@ -110,24 +131,29 @@ def assemble(
 
 
 @contextmanager
-def running(settings: Settings) -> Iterator[Runtime]:
-    """Start everything Strata needs; stop it all (in reverse order) on exit."""
+def running(settings: Settings, shutdown: Shutdown | None = None) -> Iterator[Runtime]:
+    """Start everything Strata needs; stop it all (in reverse order) on exit, within
+    ``shutdown``'s deadlines (server/shutdown.py), counted from its request - a signal's,
+    or the end of the ``with`` block."""
+    shutdown = shutdown or Shutdown(settings.shutdown_timeout)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedded: EmbeddedPostgres | None = None
     supervisor: Supervisor | None = None
-    if settings.database_url:
-        database_url = settings.database_url
-    else:
-        embedded = EmbeddedPostgres(settings.postgres_dir, linger=settings.postgres_linger)
-        log.info("starting embedded PostgreSQL in %s", settings.postgres_dir)
-        database_url = embedded.start()
-        supervisor = Supervisor(embedded)
-        supervisor.start()
-        faults.register("postgres", lambda: embedded.pid if embedded else None)
-    engine = create_catalog_engine(database_url)
+    engine: sa.Engine | None = None
     backend: SparkBackend | None = None
     runtime: Runtime | None = None
     try:
+        if settings.database_url:
+            database_url = settings.database_url
+        else:
+            embedded = EmbeddedPostgres(settings.postgres_dir, linger=settings.postgres_linger)
+            log.info("starting embedded PostgreSQL in %s", settings.postgres_dir)
+            database_url = embedded.start()
+            supervisor = Supervisor(embedded)
+            supervisor.start()
+            shutdown.on_request(supervisor.request_stop)
+            faults.register("postgres", lambda: embedded.pid if embedded else None)
+        engine = create_catalog_engine(database_url)
         migrate(engine)
         configure_reader(engine, secret(settings, "reader_password"))
         log.info("starting Spark (%s)", settings.spark_master or "local")
@@ -146,19 +172,57 @@ def running(settings: Settings) -> Iterator[Runtime]:
         faults.register("spark", lambda: jvm_pid(backend.spark) if backend else None)
         runtime = assemble(settings, database_url, engine, backend)
         runtime.start()
+        shutdown.on_request(runtime.begin_stop)
         # Owner-only from the first byte: database_url holds the owner's password.
         write_private_file(settings.data_dir / INFO_FILE, json.dumps(runtime.info(), indent=2))
         yield runtime
     finally:
-        if runtime is not None:
-            runtime.stop()
-        if backend is not None:
-            stop_spark_session(backend.spark)
-        engine.dispose()
-        if supervisor is not None:
-            supervisor.stop()
-        if embedded is not None:
-            embedded.stop()
+        shutdown.request("the server stopped")  # starts the clock if no signal did
+        failed = _stop(shutdown, runtime, backend, engine, supervisor, embedded)
+        if failed:  # logged already; `strata up` must not exit 0 then
+            raise RuntimeError(f"stopping {', '.join(failed)} failed")
+
+
+def _stop(
+    shutdown: Shutdown,
+    runtime: Runtime | None,
+    backend: SparkBackend | None,
+    engine: sa.Engine | None,
+    supervisor: Supervisor | None,
+    embedded: EmbeddedPostgres | None,
+) -> list[str]:
+    """Stop what ``running`` started, each part within its share of the shutdown timeout;
+    a part that fails is logged, and the next one is stopped all the same. Returns the
+    parts that failed."""
+    # Tracebacks py4j logs for calls cut short by the JVM's exit say nothing new now.
+    logging.getLogger().addFilter(_quiet_py4j)
+    steps: list[tuple[str, Callable[[], None]]] = []
+    if supervisor is not None:
+        steps.append(("the PostgreSQL supervisor", supervisor.request_stop))
+    if runtime is not None:
+        steps.append(("workers and ingest", lambda: runtime.stop(shutdown.until(WORK_SHARE))))
+    if backend is not None:
+        steps.append(("Spark", lambda: backend.stop(shutdown.left(SPARK_SHARE))))
+    steps.append(("Spark's JVM", kill_driver_jvms))
+    if engine is not None:
+        steps.append(("connections", engine.dispose))
+    if supervisor is not None:
+        steps.append(("the PostgreSQL supervisor", lambda: supervisor.stop(shutdown.left())))
+    if embedded is not None:
+        steps.append(("PostgreSQL", lambda: embedded.stop(shutdown.left())))
+    failed = []
+    for what, step in steps:
+        try:
+            step()
+        except Exception:
+            log.exception("stopping %s failed", what)
+            failed.append(what)
+    log.info("stopped in %.1fs (%s)", shutdown.elapsed(), shutdown.reason)
+    return failed
+
+
+def _quiet_py4j(record: logging.LogRecord) -> bool:
+    return "py4j" not in record.pathname
 
 
 def stored_info(settings: Settings) -> dict[str, object]:

@@ -227,7 +227,8 @@ class StrataService:
         return known
 
     def wait(self, record: RunRecord, timeout: float) -> RunRecord:
-        """Block until the run is committed or rejected (or the timeout passes)."""
+        """Block until the run is committed or rejected (or the timeout passes, or Strata
+        stops: the run, still pending, then commits at the next start)."""
         deadline = time.monotonic() + timeout
         event = self.pipeline.expect(record.seq)
         current: RunRecord | None = record
@@ -241,6 +242,8 @@ class StrataService:
             except sa.exc.OperationalError:  # PostgreSQL restarting: the run is safe, wait on
                 log.warning("run %s: PostgreSQL unreachable; still waiting", record.run_id)
                 time.sleep(0.5)
+            if self.pipeline.stopping:
+                break
         return current or record
 
     # ---- the worker ------------------------------------------------------------------

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
         "until a later start includes it: views stay exact, archives are just not compacted, "
         "materialized, repaired or back-filled meanwhile.",
     )
+    shutdown_timeout: float = Field(
+        8.0,
+        description="Most seconds `strata up` takes to stop after SIGINT or SIGTERM, Spark and "
+        "the embedded PostgreSQL included (docker stop waits 10 s before SIGKILL). A batch of "
+        "runs that cannot commit within it stays pending and commits at the next start.",
+    )
     postgres_linger: float = Field(
         60.0,
         description="Seconds the embedded PostgreSQL keeps running after the last process "

@@ -49,7 +49,8 @@ class Server:
         self.log = data_dir.parent / f"strata-{self.port}.log"
         self.database_url = ""
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start `strata up`; with ``wait``, until it answers /health."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
         env |= self.extra_env
         self.process = subprocess.Popen(
@@ -68,6 +69,8 @@ class Server:
             env=env,
             start_new_session=True,
         )
+        if not wait:
+            return
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-4000:]

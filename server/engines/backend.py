@@ -8,14 +8,21 @@ When the driver JVM dies (killed, out of memory), the job in flight fails with a
 error; the backend then starts a new session (``restart``) and raises SparkRestarted, and
 the caller retries the work. Nothing was written: partials are computed before the
 PostgreSQL transaction that commits them.
+
+When Strata stops, ``close()`` cancels the jobs in flight and refuses new ones: they raise
+SparkStopped, and their runs stay pending for the next start. A job that fails because
+the context stopped under it (the JVM was signalled too) counts as the JVM's death, never
+as a fault of the data, so no run is rejected for it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import suppress
 
 import pyarrow as pa
 from pyspark.errors import PySparkException
@@ -26,7 +33,12 @@ from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
 from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
 from server.engines.cluster import executors_share_disk
-from server.engines.spark import discard_spark_session, jvm_died
+from server.engines.spark import (
+    discard_spark_session,
+    jvm_died,
+    kill_driver_jvms,
+    stop_spark_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +47,11 @@ _PARALLEL_JOBS = 4
 
 class SparkRestarted(Exception):  # noqa: N818 - names what happened, the caller retries
     """The Spark JVM died during the job and was started again; retry the job."""
+
+
+class SparkStopped(Exception):  # noqa: N818 - names what happened, the caller gives up
+    """Strata is stopping: the job was cancelled or not started; its work waits for the
+    next start."""
 
 
 class SparkBackend:
@@ -60,6 +77,34 @@ class SparkBackend:
         # Each aggregate's partial rows come from one Spark job; the jobs of a batch run side
         # by side, so that one job's scheduling and planning overlap another's tasks.
         self._jobs = ThreadPoolExecutor(max_workers=_PARALLEL_JOBS, thread_name_prefix="strata-job")
+        self._closing = threading.Event()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        """Refuse new jobs and cancel those running (Strata is stopping); do not wait."""
+        self._closing.set()
+        with suppress(Exception):  # a JVM already gone has nothing to cancel
+            self.spark.sparkContext.cancelAllJobs()
+
+    def stop(self, timeout: float) -> None:
+        """Close, then stop the session and its JVM within about ``timeout`` seconds. A
+        restart under way (the JVM died just before the stop) is cut short: the JVM it is
+        launching is killed, and the launch fails at once."""
+        deadline = time.monotonic() + timeout
+        self.close()
+        locked = self._lock.acquire(timeout=min(1.0, timeout / 4))
+        if not locked:
+            log.warning("Spark is being started again; ending its new JVM")
+            kill_driver_jvms()
+            locked = self._lock.acquire(timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            stop_spark_session(self.spark, max(0.0, deadline - time.monotonic()))
+        finally:
+            if locked:
+                self._lock.release()
 
     def _session(self) -> tuple[SparkSession, int]:
         with self._lock:  # waits while a restart is under way
@@ -69,13 +114,19 @@ class SparkBackend:
             return cached  # type: ignore[no-any-return]
 
     def _recover(self, generation: int, error: Exception) -> None:
-        """After a failed job: if the JVM of ``generation`` is dead, make sure a new one
-        runs and raise SparkRestarted; otherwise let the caller see ``error``."""
+        """After a failed job: if Strata is stopping, raise SparkStopped; if the JVM of
+        ``generation`` is dead, make sure a new one runs and raise SparkRestarted;
+        otherwise let the caller see ``error``."""
+        if self.closing:
+            raise SparkStopped("Strata is stopping; the job was cancelled") from error
         with self._lock:
             if generation == self._generation:
                 # A failing query leaves the JVM running; a lost connection may mean it died.
-                if not jvm_died(self.spark, 0.0 if isinstance(error, PySparkException) else 1.0):
+                grace = 0.0 if isinstance(error, PySparkException) else 1.0
+                if not (jvm_died(self.spark, grace) or self._context_stopped()):
                     return
+                if self.closing:  # the signal reached the JVM first
+                    raise SparkStopped("Strata is stopping; the job was cancelled") from error
                 if self._restart is None:
                     raise SparkRestarted("the Spark JVM died, and this backend cannot restart it")
                 log.warning("the Spark JVM died (%s); starting a new one", error)
@@ -83,6 +134,15 @@ class SparkBackend:
                 self.spark = self._restart()
                 self._generation += 1
         raise SparkRestarted("the Spark JVM died during the job; it runs again") from error
+
+    def _context_stopped(self) -> bool:
+        """Whether the SparkContext stopped under us: its JVM got SIGTERM (Spark's shutdown
+        hook stops the context, then the JVM exits) or cannot be reached any more."""
+        try:
+            jsc = self.spark.sparkContext._jsc
+            return jsc is None or bool(jsc.sc().isStopped())
+        except Exception:
+            return True
 
     def partials(
         self,
@@ -99,8 +159,11 @@ class SparkBackend:
         aggregates = [p for p in plans if isinstance(p, DerivedStreamPlan)]
         if not aggregates or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in aggregates}
-        session, generation = self._session()
+        if self.closing:
+            raise SparkStopped("Strata is stopping; no new Spark job")
+        generation = self._generation
         try:
+            session, generation = self._session()
             return self._partials(session, rows, plans, aggregates, source, files)
         except Exception as error:
             self._recover(generation, error)

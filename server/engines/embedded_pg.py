@@ -34,6 +34,7 @@ import pwd
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -220,39 +221,45 @@ class EmbeddedPostgres:
         self.start()
         return True
 
-    def stop(self) -> None:
-        """Stop the server running on this data dir (fast shutdown); no-op if none is."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop the server running on this data dir; no-op if none is. A fast shutdown
+        (sessions are ended, transactions in flight roll back, a checkpoint is written);
+        if that takes longer than `timeout` allows, an immediate one, after which the next
+        start runs crash recovery - which keeps every committed transaction."""
         if not self.data_dir.exists():
             return
         try:
             with self._exclusive():
                 info = _read_pid_file(self.pgdata)
                 proc = _our_postgres(info.pid, self.pgdata) if info else None
-                if proc is None:
-                    self._pid = None
-                    return
-                result = self._run(
-                    [
-                        "pg_ctl",
-                        "stop",
-                        "-D",
-                        str(self.pgdata),
-                        "-m",
-                        "fast",
-                        "-w",
-                        "-t",
-                        str(STOP_TIMEOUT_S),
-                    ],
-                    self._run_as(create_user=False),
-                    timeout=STOP_TIMEOUT_S + 10,
-                )
-                # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment.
-                failed = result.returncode != 0 and _is_alive(proc)
-                if failed or not _wait_until_gone([proc], timeout=10):
-                    raise self._error(f"Stopping PostgreSQL (pid {proc.pid}) failed", result)
+                if proc is not None:
+                    self._shut_down(proc, timeout)
                 self._pid = None
         finally:
             self._release()
+
+    def _shut_down(self, proc: psutil.Process, timeout: float) -> None:
+        # Signals, not pg_ctl: the same requests (SIGINT: fast, SIGQUIT: immediate) without
+        # starting a program, which under load takes a while of the time we have.
+        started = time.monotonic()
+        immediate_reserve = min(2.0, timeout / 4)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGINT)
+        if _wait_until_gone([proc], timeout=max(0.0, timeout - immediate_reserve)):
+            log.info("Stopped PostgreSQL (pid %d) in %.1fs", proc.pid, time.monotonic() - started)
+            return
+        log.warning(
+            "PostgreSQL (pid %d) did not stop within %.1fs; stopping it at once (the next "
+            "start runs crash recovery)",
+            proc.pid,
+            time.monotonic() - started,
+        )
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGQUIT)
+        if not _wait_until_gone([proc], timeout=max(immediate_reserve, 5.0)):
+            raise EmbeddedPostgresError(
+                f"Stopping PostgreSQL (pid {proc.pid}) failed\n{self._log_tail()}"
+            )
 
     # -- the in-use lock the watchdog watches ---------------------------------------------
 
@@ -628,10 +635,15 @@ class Supervisor:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Start nothing again from now on (Strata is stopping); do not wait."""
+        self._stopping.set()
+
+    def stop(self, timeout: float = START_TIMEOUT_S + 30) -> None:
+        """Stop, waiting up to ``timeout`` seconds for a start under way."""
         self._stopping.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=START_TIMEOUT_S + 30)
+            self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval):

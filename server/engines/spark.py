@@ -1,4 +1,12 @@
-"""Creating and stopping the SparkSession Strata computes with."""
+"""Creating and stopping the SparkSession Strata computes with.
+
+The driver JVM runs in a session of its own. A terminal's Ctrl-C (SIGINT to the foreground
+process group) and a kill of `strata up`'s process group reach `strata up` alone, which
+then stops Spark itself, in order; pyspark's launcher also ties the JVM to our stdin pipe,
+so it exits when we are gone, however we went. Signals that reach every process anyway
+(`systemctl stop` signals the whole unit) may end the JVM before we stop it: stopping a
+session whose JVM is gone, or goes meanwhile, is no error.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +16,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import suppress
 from pathlib import Path
 
 import psutil
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession, SQLContext
 
 from server.engines.cluster import on_this_machine
@@ -92,10 +102,11 @@ def create_spark_session(
         }
     conf |= extra_conf or {}
 
+    started = time.monotonic()
+    _launch_jvm(master, app_name, conf)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    started = time.monotonic()
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     log.info("Spark session (%s) ready in %.1fs", master, time.monotonic() - started)
@@ -109,15 +120,63 @@ def create_spark_session(
     return spark
 
 
-def stop_spark_session(spark: SparkSession) -> None:
-    """Stop the session and remove the temp dir create_spark_session made for it, if any."""
-    if jvm_died(spark):  # nothing to stop, only to forget
-        discard_spark_session(spark)
-        return
-    spark.stop()
-    temp_dir = _owned_temp_dirs.pop(id(spark), None)
-    if temp_dir is not None:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+def _launch_jvm(master: str, app_name: str, conf: dict[str, str]) -> None:
+    """Start the driver JVM, as getOrCreate would, but in a session of its own (see the
+    module docstring); no-op while one runs. The JVM gets every setting at launch, as
+    getOrCreate would pass them (memory, Java options), which then makes the context."""
+    with SparkContext._lock:
+        if SparkContext._gateway is None:
+            launch = SparkConf().setMaster(master).setAppName(app_name).setAll(list(conf.items()))
+            gateway = launch_gateway(launch, popen_kwargs={"start_new_session": True})
+            SparkContext._gateway = gateway
+            SparkContext._jvm = gateway.jvm
+
+
+def stop_spark_session(spark: SparkSession, timeout: float = 60.0) -> None:
+    """Stop the session and its driver JVM within about `timeout` seconds (killing the JVM
+    if it takes longer), and remove the temp dir create_spark_session made, if any. A JVM
+    already gone, or going meanwhile, is only noted."""
+    deadline = time.monotonic() + timeout
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if jvm_died(spark):
+        log.info("Spark's JVM had already exited")
+    else:
+        # spark.stop() in a thread of its own: a JVM that hangs must not hold us beyond
+        # the timeout, and we kill it below.
+        failure: list[BaseException] = []
+
+        def stop() -> None:
+            try:
+                spark.stop()
+            except BaseException as error:  # noqa: BLE001 - reported below
+                failure.append(error)
+
+        stopping = threading.Thread(target=stop, name="strata-spark-stop", daemon=True)
+        stopping.start()
+        stopping.join(max(0.0, deadline - time.monotonic() - min(2.0, timeout / 4)))
+        if stopping.is_alive():
+            log.warning("Spark did not stop within %.1fs; killing its JVM", timeout)
+        elif failure and not jvm_died(spark, 1.0):
+            log.warning("Stopping Spark failed (%s); ending its JVM", failure[0])
+        elif failure:
+            log.info("Spark's JVM exited while it was being stopped")
+    discard_spark_session(spark)
+    if proc is not None:
+        _end_jvm(proc, max(1.0, deadline - time.monotonic()))
+
+
+def _end_jvm(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Let the driver JVM exit, as it does when our stdin pipe to it closes; kill it if it
+    is still there after `timeout` seconds."""
+    if proc.stdin is not None:
+        with suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("Spark's JVM (pid %d) did not exit; killing it", proc.pid)
+        proc.kill()
+        proc.wait()
 
 
 def jvm_pid(spark: SparkSession) -> int | None:
@@ -138,10 +197,11 @@ def jvm_died(spark: SparkSession, grace: float = 0.0) -> bool:
 
 
 def discard_spark_session(spark: SparkSession) -> None:
-    """Forget a session whose JVM died, so that create_spark_session starts a new JVM.
+    """Forget a session whose JVM died (or that was stopped), so that create_spark_session
+    starts a new JVM.
 
-    ``spark.stop()`` cannot be used: it talks to the dead JVM and fails before it resets
-    pyspark's process-wide singletons, which would hand the dead session out again.
+    ``spark.stop()`` cannot be used on a dead JVM: it talks to it and fails before it
+    resets pyspark's process-wide singletons, which would hand the dead session out again.
     """
     context = spark.sparkContext
     context._jsc = None
@@ -161,6 +221,16 @@ def discard_spark_session(spark: SparkSession) -> None:
     temp_dir = _owned_temp_dirs.pop(id(spark), None)
     if temp_dir is not None:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def kill_driver_jvms() -> None:
+    """Kill every driver JVM this process started that still runs: one being launched
+    when a stop cut the start short. Normally there is none."""
+    for child in psutil.Process().children(recursive=True):
+        with suppress(psutil.Error):
+            if child.name() == "java":
+                log.warning("killing Spark's JVM (pid %d), still running", child.pid)
+                child.kill()
 
 
 def driver_jvm(server_pid: int) -> psutil.Process | None:

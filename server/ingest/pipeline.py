@@ -13,10 +13,17 @@ The pipeline's compute stage runs Spark over batch N+1 while its commit stage wr
 N to PostgreSQL. A bounded hand-off keeps at most one computed batch waiting. Exactly-once
 never depends on the pipeline: the commit marker is the pending->committed flip inside the
 commit transaction.
+
+Stopping (``stop(deadline)``) takes no new batch; a Spark job in flight is cancelled (the
+backend is closed) and a commit in flight may finish until the deadline, when its
+statement is cancelled: either way a run is committed or still pending, never half, and a
+pending run is computed and committed at the next start. A run is rejected only for what
+its data did, never because Strata was stopping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -24,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pyarrow as pa
 import sqlalchemy as sa
 from psycopg import sql
@@ -33,7 +41,7 @@ from rewriter import DerivedStreamPlan, RawStreamPlan
 from rewriter.naming import partial_archive_table, raw_archive_table
 from server import catalog, faults
 from server.catalog import PlanCache, RunRecord, StreamRecord
-from server.engines.backend import SparkBackend
+from server.engines.backend import SparkBackend, SparkStopped
 from server.ingest.archive import copy_in, internal_table
 from server.ingest.progress import record_progress
 from server.ingest.spool import Spool
@@ -81,6 +89,18 @@ def _refusal(error: BaseException) -> str | None:
     return message
 
 
+def _gist(error: BaseException) -> str:
+    """The first line of what ``error`` says (a JVM's says a stack trace more)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` is PostgreSQL going away under us (shut down, restarted, the
+    session terminated): the transaction rolled back, and the work is simply retried."""
+    return isinstance(error, (sa.exc.OperationalError, psycopg.OperationalError))
+
+
 class IngestPipeline:
     """Computes and commits the runs handed to it (``submit``), in the order given, and
     tells waiters (``expect``) when a run is committed or rejected."""
@@ -107,6 +127,16 @@ class IngestPipeline:
         self._threads: list[threading.Thread] = []
         self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         self._stopping = threading.Event()
+        # The connection of the commit transaction in flight, for stop() to cancel.
+        self._writing: psycopg.Connection | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
 
     def streams(self) -> dict[str, StreamRecord]:
         with self.engine.connect() as connection:
@@ -140,11 +170,32 @@ class IngestPipeline:
         for thread in self._threads:
             thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Take no new batch; wake clients waiting for runs (they are told "pending")."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         self._queue.put(None)
+        with self._done_lock:
+            waiting = list(self._done.values())
+        for event in waiting:
+            event.set()
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop both stages, letting a commit in flight finish until ``deadline`` (a
+        time.monotonic() value; None: a minute), then cancelling it."""
+        self.request_stop()
+        if deadline is None:
+            deadline = time.monotonic() + 60
         for thread in self._threads:
-            thread.join(timeout=60)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        writing = self._writing
+        if writing is not None and any(t.is_alive() for t in self._threads):
+            log.warning("cancelling the commit in flight; its runs stay pending")
+            with contextlib.suppress(psycopg.Error):
+                writing.cancel_safe(timeout=2)
+            for thread in self._threads:
+                thread.join(timeout=2)
 
     def _compute_loop(self) -> None:
         while not self._stopping.is_set():
@@ -163,13 +214,20 @@ class IngestPipeline:
                 seqs.append(more)
             try:
                 self._compute(seqs)
-            except Exception:  # keep the loop alive; the runs stay pending and are retried
+            except SparkStopped:
+                log.info("runs %s stay pending for the next start: Strata is stopping", seqs)
+            except Exception as error:  # keep the loop alive; the runs stay pending
+                if self.stopping:
+                    log.info("runs %s stay pending for the next start (%s)", seqs, _gist(error))
+                    continue
                 log.exception("processing runs %s failed; retrying", seqs)
                 self._retry_later(seqs)
         self._computed.put(None)
 
     def _retry_later(self, seqs: list[int]) -> None:
         self.metrics.worker_failed("ingest")
+        if self.stopping:  # they stay pending; the next start takes them up
+            return
         time.sleep(1.0)
         for seq in seqs:
             self._queue.put(seq)
@@ -195,6 +253,8 @@ class IngestPipeline:
                 if batch and rows + run.rows > self.batch_max_rows:
                     self._compute_batch(stream, batch)
                     batch, rows = [], 0
+                    if self.stopping:
+                        return  # the rest stays pending for the next start
                 batch.append(run)
                 rows += run.rows
             if batch:
@@ -211,6 +271,8 @@ class IngestPipeline:
         try:
             batch = self._prepare(stream, runs)
         except PySparkException as err:
+            if self.stopping:  # a job cancelled by the stop: no fault of the runs
+                raise SparkStopped("Strata is stopping") from err
             if len(runs) == 1:
                 self._reject(runs[0], f"Spark could not process the run: {err}")
                 return
@@ -247,7 +309,14 @@ class IngestPipeline:
 
     def _commit_loop(self) -> None:
         while True:
-            batch = self._computed.get()
+            try:
+                batch = self._computed.get(timeout=0.2)
+            except queue.Empty:
+                # Stopping, nothing computed waits: what the compute stage may still hand
+                # over (a job cancelled too late) stays pending for the next start.
+                if self.stopping:
+                    return
+                continue
             if batch is None:
                 return
             self._commit_or_refuse(batch)
@@ -261,8 +330,14 @@ class IngestPipeline:
             self._commit(batch)
         except Exception as err:
             refusal = _refusal(err)
+            if self.stopping and refusal is None:
+                log.info("runs %s stay pending for the next start (%s)", batch.seqs, _gist(err))
+                return
             if refusal is None:
-                log.exception("committing runs %s failed; retrying", batch.seqs)
+                if _connection_lost(err):  # PostgreSQL stopping or restarting: no surprise
+                    log.warning("committing runs %s failed (%s); retrying", batch.seqs, _gist(err))
+                else:
+                    log.exception("committing runs %s failed; retrying", batch.seqs)
                 self._retry_later(batch.seqs)
             elif len(batch.runs) == 1:
                 self._reject(batch.runs[0], f"PostgreSQL cannot archive the run: {refusal}")
@@ -287,6 +362,8 @@ class IngestPipeline:
                     break
                 batch = self._prepare(batch.stream, retry.runs)
                 continue
+            finally:
+                self._writing = None
             seconds = time.perf_counter() - started
             self.metrics.stage_took("postgres", seconds)
             log.info(
@@ -313,7 +390,10 @@ class IngestPipeline:
         pending runs changed."""
         stream, runs, dependents = batch.stream, batch.runs, batch.dependents
         with self.engine.begin() as connection:
-            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            driver = connection.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            self._writing = driver  # until _commit is done with it: stop() may cancel it
+            cursor = driver.cursor()
             cursor.execute(
                 sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(
                     internal_table(raw_archive_table(stream))

@@ -62,7 +62,11 @@ class Worker(ABC):
             except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
                 self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
                 self._failed()
-            except Exception:  # one stream's failure must not stop the others
+            except Exception as error:  # one stream's failure must not stop the others
+                if self._stopping.is_set():  # e.g. its Spark job, cancelled by the stop
+                    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                    self.log.info("%s of %s stopped midway: %s", self.name, record.name, first)
+                    break
                 self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
                 self._failed()
         return done
@@ -92,10 +96,17 @@ class Worker(ABC):
         """Stop after the current step (which is one transaction); do not wait."""
         self._stopping.set()
 
-    def stop(self) -> None:
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop, waiting up to ``timeout`` seconds for the step in flight; a step still
+        running then is left to end with the process (or with PostgreSQL's stop): it is
+        one transaction, which then rolls back."""
         self.request_stop()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval):
