@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import create_index, create_view, drop, table
+from rewriter.ddl import create_index, create_view, drop, table
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan, SerialStatements
 from rewriter.registry import exact_in_postgres

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import column_def, create_index, create_table, create_view, drop, table
+from rewriter.ddl import column_def, create_index, create_table, create_view, drop, table
 from rewriter.plan import (
     AggregateState,
     DerivedStreamPlan,
