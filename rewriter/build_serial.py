@@ -18,11 +18,11 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_index, create_view, drop, table
+from rewriter.derived_select import output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan, SerialStatements
 from rewriter.registry import exact_in_postgres
 from rewriter.resolve_window import WindowSpec, interval_text
-from rewriter.split_aggregates import output_name
 
 
 def _interval(size_us: int) -> exp.Interval:

@@ -16,7 +16,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
 )
 from rewriter.resolve_window import WindowSpec
-from rewriter.split_aggregates import SplitQuery
+from rewriter.split_query import SplitQuery
 
 
 def window_start_spark(time_column: str, size_us: int) -> exp.Expr:

@@ -18,20 +18,19 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
+from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import DerivedStreamPlan, OutputColumn, PlannedAggregate
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.resolve_window import WindowSpec
-from rewriter.split_aggregates import (
+from rewriter.split_query import (
     FinalForms,
     GroupKey,
     SplitAggregate,
     SplitQuery,
     StateColumn,
-    check_clauses,
     group_by_keys,
-    output_name,
 )
 from rewriter.types import SqlType, sql_type_from_sqlglot
 
