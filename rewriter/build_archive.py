@@ -43,7 +43,7 @@ def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
         ),
         delay_us=statement.delay_us,
         retention_us=statement.retention_us,
-        retention_statement=_retention_statement(statement) if statement.retention_us else "",
+        retention_statement=_retention_statement(statement) if statement.retention_us else None,
     )
 
 

@@ -14,7 +14,7 @@ from rewriter import naming
 from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
-from rewriter.plan import DerivedStreamPlan
+from rewriter.plan import WindowedAggregatePlan
 from rewriter.positions import located
 from rewriter.registry import contains_aggregate, filtered, parse_aggregate
 from rewriter.resolve_window import WindowSpec
@@ -31,7 +31,7 @@ from rewriter.types import SqlType
 
 def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     check_clauses(select)
-    assert not isinstance(window.source, DerivedStreamPlan)
+    assert not isinstance(window.source, WindowedAggregatePlan)
     schema = {c.name: c.type for c in window.source.columns}
     items = select.expressions
     keys = _group_keys(select, schema)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
+from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, StreamPlan
 from server import catalog
 from server.archive import copy_in, copy_out
 from server.backend import SparkBackend
@@ -30,7 +30,7 @@ from server.ingest.parse import arrow_schema
 from server.workers import Worker
 
 
-def plan_backfill(connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+def plan_backfill(connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
     """List the committed runs of ``plan``'s raw sources (caller holds their SHARE locks)."""
     runs = catalog.runs
     pending = (
@@ -78,7 +78,7 @@ class Backfiller(Worker):
         self.scratch = scratch
 
     def applies_to(self, plan: StreamPlan) -> bool:
-        return isinstance(plan, DerivedStreamPlan) and plan.is_parallel
+        return isinstance(plan, ParallelAggregatePlan)
 
     def start(self) -> None:
         if self.scratch is not None and self.scratch.exists():
@@ -87,7 +87,7 @@ class Backfiller(Worker):
         super().start()
 
     def step(self, plan: StreamPlan) -> int:
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         listed = catalog.backfill_runs
         with self.engine.begin() as connection:
             candidates = connection.execute(

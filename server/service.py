@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from pyspark.errors import PySparkException
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, rewrite
 from rewriter.errors import InvalidSQL, StrataError, StreamExists, StreamInUse, UnknownStream
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, partial_archive_table, raw_archive_table
 from server import catalog, faults
@@ -153,7 +153,7 @@ class StrataService:
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
                     _execute_plan_sql(connection, statement)
-                if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
+                if isinstance(plan, ParallelAggregatePlan):
                     self._plan_backfill(connection, plan)
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
@@ -181,7 +181,7 @@ class StrataService:
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
 
-    def _plan_backfill(self, connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+    def _plan_backfill(self, connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
         """Order the new stream against concurrent runs, then leave the history to the
         back-filler (server/backfill.py).
 
@@ -224,7 +224,7 @@ class StrataService:
         with self.engine.connect() as connection:
             shown = stream_progress(connection, plan.name, sources[0])
             shown["backfill"] = backfill_progress(connection, plan.name)
-            if isinstance(plan, DerivedStreamPlan) and plan.serial is not None:
+            if isinstance(plan, SerialAggregatePlan):
                 shown["serial"] = serial_state(connection, plan.name)
             if len(sources) > 1:
                 marks = [stream_progress(connection, s, s)["watermark"] for s in sources]
@@ -529,7 +529,7 @@ class StrataService:
                 copy_in(cursor, partial_archive_table(name), partial)
             raw = records[stream].plan
             assert isinstance(raw, RawStreamPlan)
-            windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
+            windowed = [p for p in dependents if isinstance(p, ParallelAggregatePlan)]
             seqs = [r.seq for r in runs]
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             record_corrections(connection, records, raw, batch.data)
