@@ -68,7 +68,7 @@ from sqlglot import exp
 
 from rewriter import rewrite
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
-from rewriter.plan import DerivedStreamPlan
+from rewriter.plan import ParallelAggregatePlan
 from server.catalog import create_catalog_engine, migrate
 from server.engines.embedded_pg import EmbeddedPostgres
 
@@ -100,14 +100,14 @@ class BenchError(Exception):
 # ---- the stream ------------------------------------------------------------------------
 
 
-def plan_stream() -> DerivedStreamPlan:
+def plan_stream() -> ParallelAggregatePlan:
     raw = rewrite(RAW_SQL, {})
     plan = rewrite(STREAM_SQL, {"impsns": raw})
-    assert isinstance(plan, DerivedStreamPlan) and plan.is_parallel
+    assert isinstance(plan, ParallelAggregatePlan)
     return plan
 
 
-def archive_name(plan: DerivedStreamPlan) -> str:
+def archive_name(plan: ParallelAggregatePlan) -> str:
     return f'"{INTERNAL_SCHEMA}"."{partial_archive_table(plan.name)}"'
 
 
@@ -154,7 +154,7 @@ def on_time_runs(window: int, runs: int) -> range:
 
 
 def partial_rows(
-    plan: DerivedStreamPlan, groups: int, late_fraction: float, runs: int, shape: Shape
+    plan: ParallelAggregatePlan, groups: int, late_fraction: float, runs: int, shape: Shape
 ) -> Iterator[str]:
     """COPY text lines of the partial archive, in the plan's column order."""
     rng = random.Random(SEED)
@@ -204,7 +204,7 @@ def partial_rows(
 
 
 def load_archive(
-    conn: psycopg.Connection, plan: DerivedStreamPlan, args: argparse.Namespace
+    conn: psycopg.Connection, plan: ParallelAggregatePlan, args: argparse.Namespace
 ) -> Shape:
     shape = Shape()
     columns = ", ".join(f'"{c}"' for c, _ in plan.partial_columns)
@@ -268,7 +268,7 @@ QUERIES = [
 ]
 
 
-def window_start_rel(plan: DerivedStreamPlan, query: Query) -> str:
+def window_start_rel(plan: ParallelAggregatePlan, query: Query) -> str:
     """The view's query with the query's range on t also written on window_start (t is
     window_start + the window size): what the view could do if it exposed window_start."""
     assert query.range is not None
@@ -360,7 +360,7 @@ def run_phase(conn: psycopg.Connection, queries: dict[str, str], table: str, rep
     )
 
 
-def view_queries(plan: DerivedStreamPlan) -> dict[str, str]:
+def view_queries(plan: ParallelAggregatePlan) -> dict[str, str]:
     """Q1..Q3 over the view, and the what-if variants Q2w, Q3w (range on window_start)."""
     queries = {q.key: q.sql(VIEW) for q in QUERIES}
     queries |= {f"{q.key}w": q.sql(window_start_rel(plan, q)) for q in QUERIES if q.range}
@@ -386,7 +386,7 @@ def size_mb(conn: psycopg.Connection, relation: str) -> float:
     return scalar(conn, f"SELECT pg_total_relation_size('{relation}')") / 1e6
 
 
-def reduce_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> tuple[int, int]:
+def reduce_all(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> tuple[int, int]:
     """The reducer's statement until it folds nothing; returns (groups folded, passes)."""
     params = {"min_rows": 1, "max_groups": 1_000_000_000}
     folded = passes = 0
@@ -398,13 +398,13 @@ def reduce_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> tuple[int, 
             return folded, passes
 
 
-def check_absent(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
+def check_absent(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> None:
     for relation in (VIEW, PLAIN, archive_name(plan)):
         if scalar(conn, f"SELECT to_regclass('{relation}')") is not None:
             raise BenchError(f"{relation} already exists in this database; not touching it")
 
 
-def drop_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
+def drop_all(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> None:
     conn.execute(f"DROP TABLE IF EXISTS {PLAIN}")
     for statement in plan.drop_statements:
         conn.execute(statement)  # type: ignore[arg-type]
@@ -412,7 +412,7 @@ def drop_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
 
 def verify(
     conn: psycopg.Connection,
-    plan: DerivedStreamPlan,
+    plan: ParallelAggregatePlan,
     shape: Shape,
     before: Phase,
     after: Phase,

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from figures import Result, check_scale  # bench/figures.py, next to this script
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
 from rewriter.naming import RUN_COLUMN
 from server.ingest.parse import arrow_schema
 
@@ -153,12 +153,12 @@ def _batch(runs: list[pa.Table], indices: list[int], directory: Path) -> Batch:
     return Batch(files, pa.concat_tables([runs[i] for i in indices]))
 
 
-def plans() -> list[DerivedStreamPlan]:
+def plans() -> list[ParallelAggregatePlan]:
     raw = rewrite(RAW_SQL, {})
     out = []
     for statement in DERIVED_SQL:
         plan = rewrite(statement, {RAW: raw})
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         out.append(plan)
     return out
 

@@ -17,9 +17,14 @@ from alembic.config import Config
 
 from rewriter import StreamPlan, rewrite
 from rewriter.naming import CATALOG_SCHEMA
-from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan
+from rewriter.plan import (
+    ParallelAggregatePlan,
+    ProjectionStreamPlan,
+    RawStreamPlan,
+    SerialAggregatePlan,
+)
 
-ComputedPlan = DerivedStreamPlan | ProjectionStreamPlan
+ComputedPlan = ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -220,15 +225,14 @@ def dependents(records: dict[str, StreamRecord], raw: str) -> list[ComputedPlan]
     return [
         r.plan
         for r in records.values()
-        if (
-            isinstance(r.plan, ProjectionStreamPlan)
-            or (isinstance(r.plan, DerivedStreamPlan) and r.plan.is_parallel)
-        )
+        if isinstance(r.plan, ProjectionStreamPlan | ParallelAggregatePlan)
         and raw in r.plan.raw_sources
     ]
 
 
-def lineage(records: dict[str, StreamRecord], plan: DerivedStreamPlan) -> list[ComputedPlan]:
+def lineage(
+    records: dict[str, StreamRecord], plan: ParallelAggregatePlan | SerialAggregatePlan
+) -> list[ComputedPlan]:
     """The streams ``plan`` is computed through, from its raw sources down to it."""
     chain: list[ComputedPlan] = [plan]
     while True:
