@@ -1,14 +1,15 @@
 """Soak: a sustained ingest of on-time and late runs while clients query the views.
 
-    python bench/soak.py [--minutes 10] [--writers 4] [--readers 10] [--run-rows 5000]
+    python -m bench.soak [--minutes 10] [--writers 4] [--readers 10] [--run-rows 5000]
                          [--late 0.3] [--sample 30] [--keep]
 
 What it does, in one process tree:
 
 1. starts ``strata up`` as a real subprocess on a free port and a temporary data dir
-   (embedded PostgreSQL, local Spark; helpers of bench/ingest.py) and creates the raw
-   stream ``impsns`` and the derived streams of bench/ingest.py (1-minute count and revenue
-   per campaign; 5-minute average and maximum price per campaign); one untimed run into
+   (embedded PostgreSQL, local Spark; bench.harness.server) and creates the raw stream
+   ``impsns`` and the derived streams of the ad-impression workload (bench.harness.
+   impressions: 1-minute count and revenue per campaign; 5-minute average and maximum
+   price per campaign); one untimed run into
    streams of the same shape warms the Spark JVM up;
 2. for ``--minutes``, ``--writers`` client threads post CSV runs of ``--run-rows`` rows back
    to back with ``wait=true`` (a request's latency is the time until its run is committed).
@@ -45,22 +46,26 @@ from pathlib import Path
 import httpx
 import psutil
 import psycopg
-from ingest import (  # bench/ingest.py, next to this script
+
+from bench.harness.errors import BenchError
+from bench.harness.impressions import (
+    CAMPAIGNS,
     HEADER,
     RAW,
-    BenchError,
+    create_streams,
+    impression,
+    oracle_problems,
+)
+from bench.harness.server import (
     Server,
     clean_up,
-    create_streams,
     log_problems,
-    oracle_problems,
     start_server,
+    stop_problems,
     stop_server,
 )
-
 from server.spark import driver_jvm
 
-CAMPAIGNS = [f"campaign_{i:03d}" for i in range(100)]
 WARM_UP = "warmup"
 EVENT_START = datetime(2024, 6, 1, 6, tzinfo=UTC)
 EVENT_SPEED = 60  # event-time seconds per wall-clock second
@@ -163,11 +168,7 @@ def _body(rng: random.Random, rows: int, now: datetime, late: bool) -> bytes:
     lines = [HEADER]
     for _ in range(rows):
         t = now - span * rng.random()
-        cents = rng.randrange(1, 50_000)
-        lines.append(
-            f"{rng.choice(CAMPAIGNS)},{rng.randrange(1, 10_000_000)},"
-            f"{cents // 10_000}.{cents % 10_000:04d},{t.isoformat()}\n"
-        )
+        lines.append(impression(rng, t.isoformat()))
     return "".join(lines).encode()
 
 
@@ -398,8 +399,7 @@ def run(args: argparse.Namespace) -> int:
         report = soak(server.url, server.database_url, server.process.pid, config)
         print_report(report)
         code, _seconds = stop_server(server)
-        if code != 0:
-            report.problems.append(f"exit code {code} after SIGTERM")
+        report.problems += stop_problems(code)
         trouble = log_problems(server)
         if trouble:
             print(f"\nserver log: {len(trouble)} warning/error lines, e.g.:")
