@@ -65,6 +65,7 @@ from psycopg import sql
 from bench.harness.api import create_stream
 from bench.harness.database import scalar
 from bench.harness.errors import BenchError
+from bench.harness.percentile import percentile
 from bench.harness.results import Result, Timing, check_scale, print_table
 from bench.harness.server import (
     Server,
@@ -437,11 +438,10 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
         )
         steps = done.chunk_seconds()
         if steps:
-            ordered = sorted(steps)
             print(
                 f"{chunks} chunks, {done.seconds / chunks:.2f}s per chunk on average; as polled "
                 f"({len(steps)} advances): first {steps[0]:.2f}s, median "
-                f"{ordered[len(ordered) // 2]:.2f}s, max {ordered[-1]:.2f}s; reading one chunk "
+                f"{percentile(steps, 0.5):.2f}s, max {max(steps):.2f}s; reading one chunk "
                 f"back takes {read_seconds:.2f}s of it, the rest is Spark, the partial rows' "
                 "COPY and the catalog updates"
             )

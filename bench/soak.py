@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -56,6 +55,7 @@ from bench.harness.impressions import (
     impression,
     oracle_problems,
 )
+from bench.harness.percentile import percentile
 from bench.harness.server import (
     Server,
     clean_up,
@@ -238,10 +238,8 @@ def _rss_mb(process: psutil.Process | None) -> float | None:
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The percentile (bench.harness.percentile) of ``values``; None when there are none."""
+    return percentile(values, q) if values else None
 
 
 def soak(url: str, database_url: str, server_pid: int, config: SoakConfig) -> SoakReport:
@@ -372,7 +370,7 @@ def print_report(report: SoakReport) -> None:
         f"\n{report.runs:,} runs ({report.late_runs:,} late), {report.rows:,} rows in "
         f"{report.seconds:.0f} s: {report.runs_per_s:.2f} runs/s, {report.rows_per_s:,.0f} "
         f"rows/s (per interval after the first: min {min(rates):,.0f}, median "
-        f"{statistics.median(rates):,.0f}, max {max(rates):,.0f}); ingest latency p50 "
+        f"{percentile(rates, 0.5):,.0f}, max {max(rates):,.0f}); ingest latency p50 "
         f"{report.latency_p50_s:.2f} s, p99 {report.latency_p99_s:.2f} s; {report.queries:,} "
         f"view queries, p50 {report.query_p50_ms:.1f} ms, p99 {report.query_p99_ms:.1f} ms; "
         f"failed requests {report.failed_requests}, failed queries {report.failed_queries}; "

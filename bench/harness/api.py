@@ -13,6 +13,7 @@ import httpx
 
 from bench.harness.data import Dataset
 from bench.harness.errors import BenchError
+from bench.harness.percentile import percentile
 from bench.harness.results import Timing
 from bench.harness.server import Server
 
@@ -53,7 +54,7 @@ def post_runs(server: Server, data: Dataset, threads: int, mode: str, raw: str) 
     threads; the clock stops when every run is committed: with ``mode`` "wait" each request
     uses ``wait=true`` and returns once its run is committed, with "async" requests return
     on acceptance and the runs are polled until committed. The Timing's ``extra`` holds the
-    request latencies' median and maximum."""
+    request latencies' p50 and maximum."""
     wait = mode == "wait"
     latencies: list[float] = []
 
@@ -87,11 +88,10 @@ def post_runs(server: Server, data: Dataset, threads: int, mode: str, raw: str) 
             poll_committed(client(), run_ids, data)
         seconds = time.monotonic() - started
 
-    latencies.sort()
     extra = {
         "accepted_s": accepted,
-        "latency_p50_s": latencies[len(latencies) // 2],
-        "latency_max_s": latencies[-1],
+        "latency_p50_s": percentile(latencies, 0.5),
+        "latency_max_s": max(latencies),
     }
     notes = f"{len(data.bodies)} runs, {threads} threads, wait={'true' if wait else 'false'}"
     return Timing("Strata HTTP ingest", data.rows, seconds, notes, extra)

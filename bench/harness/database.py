@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import psycopg
 
 from bench.harness.data import Dataset
+from bench.harness.percentile import percentile
 from bench.harness.results import Timing
 from server.catalog import create_catalog_engine, migrate
 from server.embedded_pg import EmbeddedPostgres
@@ -95,7 +95,7 @@ class Measurement:
 
     @property
     def median_ms(self) -> float:
-        return statistics.median(self.seconds) * 1000
+        return percentile(self.seconds, 0.5) * 1000
 
     @property
     def min_ms(self) -> float:

@@ -1,5 +1,5 @@
-"""The benchmarks' percentile of latencies (their p99), shared by the benchmarks that report
-one."""
+"""The one percentile of the benchmarks' figures (latency p50 and p99, medians of repeated
+timings), so that a p99 means the same in every benchmark."""
 
 from __future__ import annotations
 
