@@ -1,6 +1,6 @@
 """Benchmark of the reducer: query time of a consolidating view before and after reduction.
 
-    python bench/reduce.py [--groups 1000] [--late-fraction 0.2] [--runs 50] [--repeat 5]
+    python -m bench.reduce [--groups 1000] [--late-fraction 0.2] [--runs 50] [--repeat 5]
                            [--keep]
 
 The figure (from the issue): the query time of a consolidating view over one day of
@@ -12,7 +12,8 @@ figure.
 What it does, in one process:
 
 1. starts an embedded PostgreSQL in a temporary dir (or uses ``STRATA_DATABASE_URL`` when
-   set) and applies the migrations (SQL functions, internal schema);
+   set) and applies the migrations (SQL functions, internal schema;
+   bench.harness.database);
 2. plans the raw stream ``impsns`` and the derived stream ``impsn_stats`` (1-minute count,
    revenue, average and maximum price per campaign) with the rewriter, and executes the
    derived stream's create statements (partial archive, its index, the view); the stream is
@@ -49,28 +50,23 @@ import json
 import logging
 import os
 import random
-import shutil
-import statistics
 import sys
-import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import sqlglot
-from figures import Result, check_scale  # bench/figures.py, next to this script
 from sqlglot import exp
 
+from bench.harness.database import Measurement, measure, scalar, scratch_database
+from bench.harness.errors import BenchError
+from bench.harness.results import Result, check_scale, timed
 from rewriter import rewrite
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
 from rewriter.plan import ParallelAggregatePlan
-from server.catalog import create_catalog_engine, migrate
-from server.engines.embedded_pg import EmbeddedPostgres
 
 RAW_SQL = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
@@ -91,10 +87,6 @@ MAX_LATE_ROWS = 3  # a late (window, group) gets 1..3 extra partial rows
 MAX_EVENTS = 20  # events per partial row: 1..20
 SEED = 2024
 COPY_BATCH = 100_000
-
-
-class BenchError(Exception):
-    """The benchmark cannot go on, or its results are wrong."""
 
 
 # ---- the stream ------------------------------------------------------------------------
@@ -280,31 +272,6 @@ def window_start_rel(plan: ParallelAggregatePlan, query: Query) -> str:
 
 
 @dataclass
-class Measurement:
-    result: list[tuple[Any, ...]]
-    seconds: list[float]
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.seconds) * 1000
-
-    @property
-    def min_ms(self) -> float:
-        return min(self.seconds) * 1000
-
-
-def measure(conn: psycopg.Connection, sql: str, repeat: int) -> Measurement:
-    """One untimed run (warm cache; its result is the one compared), then ``repeat``."""
-    result = conn.execute(sql).fetchall()  # type: ignore[arg-type]
-    seconds = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        conn.execute(sql).fetchall()  # type: ignore[arg-type]
-        seconds.append(time.perf_counter() - started)
-    return Measurement(result, seconds)
-
-
-@dataclass
 class Explained:
     outline: str  # the plan's nodes, outermost first
     scans: list[str]  # how the table of interest is read, with conditions and filters
@@ -368,18 +335,6 @@ def view_queries(plan: ParallelAggregatePlan) -> dict[str, str]:
 
 
 # ---- the run ---------------------------------------------------------------------------
-
-
-def scalar(conn: psycopg.Connection, sql: str) -> Any:
-    row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return row[0]
-
-
-def timed(what: Callable[[], Any]) -> tuple[Any, float]:
-    started = time.perf_counter()
-    result = what()
-    return result, time.perf_counter() - started
 
 
 def size_mb(conn: psycopg.Connection, relation: str) -> float:
@@ -447,91 +402,71 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     plan = plan_stream()
     archive = archive_name(plan)
     table = partial_archive_table(plan.name)  # as EXPLAIN names it
-    external = os.environ.get("STRATA_DATABASE_URL")
-    data_dir: Path | None = None
-    server: EmbeddedPostgres | None = None
-    conn: psycopg.Connection | None = None
     problems: list[str] = []
     results: list[Result] = []
     try:
-        if external:
-            url = external
-        else:
-            data_dir = Path(tempfile.mkdtemp(prefix="strata-bench-reduce-"))
-            server = EmbeddedPostgres(data_dir / "postgres")
-            url = server.start()
-        engine = create_catalog_engine(url)
-        migrate(engine)
-        engine.dispose()
-        conn = psycopg.connect(url, autocommit=True)
-        check_absent(conn, plan)
-        for statement in plan.create_statements:
-            conn.execute(statement)  # type: ignore[arg-type]  # may contain '%': no params
-        steps: dict[str, float] = {}
+        with (
+            scratch_database("strata-bench-reduce-", keep=args.keep) as database,
+            psycopg.connect(database.url, autocommit=True) as conn,
+        ):
+            check_absent(conn, plan)
+            for statement in plan.create_statements:
+                conn.execute(statement)  # type: ignore[arg-type]  # may contain '%': no params
+            steps: dict[str, float] = {}
 
-        shape, steps["load"] = timed(lambda: load_archive(conn, plan, args))
-        conn.execute(f"VACUUM ANALYZE {archive}")
-        _, steps["plain"] = timed(
-            lambda: (
-                conn.execute(f"CREATE TABLE {PLAIN} AS SELECT * FROM {VIEW}"),
-                conn.execute(f"CREATE INDEX {PLAIN}_window ON {PLAIN} (t, campaign)"),
-                conn.execute(f"VACUUM ANALYZE {PLAIN}"),
+            shape, steps["load"] = timed(lambda: load_archive(conn, plan, args))
+            conn.execute(f"VACUUM ANALYZE {archive}")
+            _, steps["plain"] = timed(
+                lambda: (
+                    conn.execute(f"CREATE TABLE {PLAIN} AS SELECT * FROM {VIEW}"),
+                    conn.execute(f"CREATE INDEX {PLAIN}_window ON {PLAIN} (t, campaign)"),
+                    conn.execute(f"VACUUM ANALYZE {PLAIN}"),
+                )
             )
-        )
-        counted = conn.execute(f"SELECT count(*), sum(c) FROM {PLAIN}").fetchone()
-        if counted != (shape.pairs, shape.events):
-            raise BenchError(
-                f"the view before reduction: (count(*), sum(c)) = {counted}, "
-                f"expected {(shape.pairs, shape.events)}"
+            counted = conn.execute(f"SELECT count(*), sum(c) FROM {PLAIN}").fetchone()
+            if counted != (shape.pairs, shape.events):
+                raise BenchError(
+                    f"the view before reduction: (count(*), sum(c)) = {counted}, "
+                    f"expected {(shape.pairs, shape.events)}"
+                )
+            sizes = {"archive before": size_mb(conn, archive), "plain": size_mb(conn, PLAIN)}
+
+            before = run_phase(conn, view_queries(plan), table, args.repeat)
+            (folded, passes), steps["reduce"] = timed(lambda: reduce_all(conn, plan))
+            _, steps["vacuum"] = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive}"))
+            sizes["archive after"] = size_mb(conn, archive)
+            after = run_phase(conn, view_queries(plan), table, args.repeat)
+            plain = run_phase(conn, {q.key: q.sql(PLAIN) for q in QUERIES}, PLAIN, args.repeat)
+            problems = verify(conn, plan, shape, before, after, plain)
+
+            settings = ", ".join(
+                f"{name}={scalar(conn, f'SHOW {name}')}"
+                for name in ("work_mem", "shared_buffers", "max_parallel_workers_per_gather")
             )
-        sizes = {"archive before": size_mb(conn, archive), "plain": size_mb(conn, PLAIN)}
-
-        before = run_phase(conn, view_queries(plan), table, args.repeat)
-        (folded, passes), steps["reduce"] = timed(lambda: reduce_all(conn, plan))
-        _, steps["vacuum"] = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive}"))
-        sizes["archive after"] = size_mb(conn, archive)
-        after = run_phase(conn, view_queries(plan), table, args.repeat)
-        plain = run_phase(conn, {q.key: q.sql(PLAIN) for q in QUERIES}, PLAIN, args.repeat)
-        problems = verify(conn, plan, shape, before, after, plain)
-
-        settings = ", ".join(
-            f"{name}={scalar(conn, f'SHOW {name}')}"
-            for name in ("work_mem", "shared_buffers", "max_parallel_workers_per_gather")
-        )
-        report(
-            args,
-            Report(
-                shape=shape,
-                before=before,
-                after=after,
-                plain=plain,
-                sizes=sizes,
-                steps=steps,
-                folded=folded,
-                passes=passes,
-                server=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
-                f"JIT available: {scalar(conn, 'SELECT pg_jit_available()')}, {settings}, "
-                f"{os.cpu_count()} CPUs",
-            ),
-        )
-        results = figures(args, before, after, plain, steps["reduce"])
-        if problems:
-            print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
-        if external and not args.keep:
-            drop_all(conn, plan)
+            report(
+                args,
+                Report(
+                    shape=shape,
+                    before=before,
+                    after=after,
+                    plain=plain,
+                    sizes=sizes,
+                    steps=steps,
+                    folded=folded,
+                    passes=passes,
+                    server=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
+                    f"JIT available: {scalar(conn, 'SELECT pg_jit_available()')}, {settings}, "
+                    f"{os.cpu_count()} CPUs",
+                ),
+            )
+            results = figures(args, before, after, plain, steps["reduce"])
+            if problems:
+                print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
+            if database.external and not args.keep:
+                drop_all(conn, plan)
     except BenchError as err:
         print(f"benchmark failed: {err}", file=sys.stderr)
         problems.append(str(err))
-    finally:
-        if conn is not None:
-            conn.close()
-        if server is not None:
-            server.stop()
-        if data_dir is not None:
-            if args.keep:
-                print(f"kept {data_dir} (the embedded PostgreSQL is stopped)", file=sys.stderr)
-            else:
-                shutil.rmtree(data_dir, ignore_errors=True)
     return 1 if problems else 0, results
 
 
@@ -695,7 +630,7 @@ SCALES = {"smoke": ["--groups", "43", "--runs", "5", "--repeat", "2"], "full": [
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     logging.basicConfig(level=logging.WARNING)
     code, results = run_benchmark(_parser().parse_args(SCALES[check_scale(scale)]))
     if code:
