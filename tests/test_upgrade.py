@@ -7,10 +7,16 @@ functions of sql/ up to date (server/catalog.py install_functions)."""
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import shutil
+import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -19,10 +25,14 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from pyspark.sql import SparkSession
 
 from server import catalog
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
-from tests.conftest import new_database
+from server.engines.embedded_pg import POSTGRES_BIN_PATH
+from server.workers.reducer import Reducer
+from server.workers.serial import Materializer, Repairer
+from tests.conftest import Strata, new_database, strata_client
 
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
 PREVIOUS_RELEASE_HEAD = "0006"
@@ -270,3 +280,114 @@ def test_the_install_is_one_transaction(
 
     assert routines(fresh_db) == before
     assert len(installs(fresh_db)) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# A database as 0.1.0 left it (tests/fixtures/releases/make_v0_1_0.py wrote the dump),
+# started by today's server.
+# ---------------------------------------------------------------------------------------
+
+V0_1_0 = Path(__file__).resolve().parent / "fixtures" / "releases" / "v0.1.0.sql"
+MINUTE = "date_bin('1 minute', t, timestamptz 'epoch')"
+FIVE_MINUTES = "date_bin('5 minutes', t, timestamptz 'epoch')"
+# Each stream of the dump as a batch query over the raw archive (the view clicks).
+V0_1_0_ORACLES = {
+    "clicks_per_minute": (
+        f"SELECT campaign, count(*), sum(price), count(DISTINCT user_id), stddev(price), "
+        f"{MINUTE} + interval '1 minute' FROM clicks GROUP BY campaign, {MINUTE}"
+    ),
+    # A roll-up: each minute counts in the 5-minute window holding it.
+    "clicks_per_5_minutes": (
+        f"SELECT campaign, count(*), sum(price), {FIVE_MINUTES} + interval '5 minutes' "
+        f"FROM clicks GROUP BY campaign, {FIVE_MINUTES}"
+    ),
+    # HOP(1 minute, 5 minutes): a row is in the five windows ending 1 to 5 minutes after
+    # its minute starts.
+    "clicks_sliding": (
+        f"SELECT count(*), count(DISTINCT user_id), {MINUTE} + ends * interval '1 minute' "
+        f"FROM clicks, generate_series(1, 5) AS ends GROUP BY {MINUTE} + ends * interval "
+        "'1 minute'"
+    ),
+    "top_per_5_minutes": (
+        f"SELECT max(n), count(*), w + interval '5 minutes' FROM (SELECT count(*) AS n, "
+        f"{FIVE_MINUTES} AS w FROM clicks GROUP BY campaign, {MINUTE}, w) AS per_minute "
+        "GROUP BY w"
+    ),
+}
+
+
+def restore(url: str, dump: Path) -> None:
+    result = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        + ["-d", url, "-f", str(dump)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def wrong_views(strata: Strata) -> list[str]:
+    """The streams whose view differs from its batch query, all read in one snapshot."""
+    wrong = []
+    with psycopg.connect(strata.database_url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for name, oracle in V0_1_0_ORACLES.items():
+            # Counter: equal numbers are equal whatever their type or scale (types have
+            # tests of their own, tests/test_differential.py).
+            view = Counter(conn.execute(f"SELECT * FROM {name}").fetchall())
+            if not view or view != Counter(conn.execute(oracle).fetchall()):
+                wrong.append(name)
+    return wrong
+
+
+def test_todays_server_carries_on_with_a_database_0_1_0_left(
+    pg_url: str, fresh_db: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    # The fresh install also creates strata_reader, whom the dump's grants name (roles are
+    # cluster-wide: the previous release's server had it).
+    with fresh_install(pg_url) as expected:
+        restore(fresh_db, V0_1_0)
+        with psycopg.connect(fresh_db) as conn:
+            assert conn.execute(
+                "SELECT version_num FROM strata_catalog.alembic_version"
+            ).fetchall() == [(PREVIOUS_RELEASE_HEAD,)]
+            assert conn.execute("SELECT count(*) FROM clicks").fetchone() == (290,)
+
+        with strata_client(fresh_db, spark, tmp_path) as strata:
+            listed = {s["name"] for s in strata.client.get("/streams").json()}
+            assert listed == {"clicks", *V0_1_0_ORACLES}
+            assert routines(fresh_db) == expected
+            assert wrong_views(strata) == []
+            progress = strata.client.get("/streams/top_per_5_minutes").json()["progress"]
+            assert progress["serial"]["windows_awaiting_repair"] == 1
+
+            # The late window 0.1.0 left awaiting repair is repaired, as any other.
+            engine, plans = strata.service.engine, strata.service.plans
+            assert Repairer(engine, plans).run_once() == {"top_per_5_minutes": 1}
+            assert wrong_views(strata) == []
+
+            # A new run, late and on time, into every stream, the serial one's closed
+            # windows included.
+            rng = random.Random(5)
+            start = datetime(2025, 3, 1, tzinfo=UTC)
+            minutes = [rng.uniform(0, 90) for _ in range(60)]
+            body = "".join(
+                json.dumps(
+                    {
+                        "campaign": rng.choice(["c1", "c4"]),
+                        "user_id": rng.randrange(30),
+                        "price": str(Decimal(rng.randrange(1, 10**6)) / 10**4),
+                        "t": (start + timedelta(minutes=m)).isoformat(),
+                    }
+                )
+                + "\n"
+                for m in minutes
+            )
+            assert strata.ingest("clicks", body, run_id="after-upgrade")["rows"] == 60
+            assert strata.query("SELECT count(*) FROM clicks") == [(350,)]
+            assert wrong_views(strata) == []
+            Reducer(engine, plans, min_rows=2).run_once()
+            Materializer(engine, plans).run_once()
+            Repairer(engine, plans).run_once()
+            assert wrong_views(strata) == []
