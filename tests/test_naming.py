@@ -26,10 +26,10 @@ from rewriter import (
     naming,
     rewrite,
 )
-from server.backend import SparkBackend
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine
-from server.service import StrataService
-from server.spool import Spool
+from server.engines.backend import SparkBackend
+from server.runtime import assemble
+from server.settings import Settings
 from tests.conftest import strata_client
 
 
@@ -161,7 +161,8 @@ def old_database(
             connection.commit()
         with monkeypatch.context() as old_naming:
             old_naming.setattr(naming, "fit", lambda name: name)
-            service = StrataService(engine, SparkBackend(spark), Spool(tmp_path / "old-spool"))
+            settings = Settings(data_dir=tmp_path / "old", database_url=fresh_db, workers=())
+            service = assemble(settings, fresh_db, engine, SparkBackend(spark)).service
             for statement in STATEMENTS.values():
                 service.create_stream(statement)
         yield fresh_db
