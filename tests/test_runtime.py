@@ -210,6 +210,10 @@ def test_watchdog_stops_postgres_once_unused_for_the_linger(
     started = postmaster()
     first.kill()
     first.wait()
+    deadline = time.monotonic() + 10
+    while "No process uses" not in (data_dir / "watchdog.log").read_text():
+        assert time.monotonic() < deadline  # the watchdog noticed
+        time.sleep(0.1)
     second, second_url = holder()  # a restart, within the linger
     assert second_url == url
     assert postmaster() == started and not is_dead(started)
@@ -302,3 +306,16 @@ def test_fresh_db_is_a_new_empty_database(fresh_db: str, pg_url: str) -> None:
         conn.execute("CREATE TABLE only_here (x int)")
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT to_regclass('only_here')").fetchone() == (None,)
+
+
+def test_every_worker_name_of_the_settings_wires_a_worker() -> None:
+    """STRATA_WORKERS names the workers `strata up` runs: each name is a worker's, so that
+    none is silently left off (a repairer named otherwise once was)."""
+    from server.settings import ALL_WORKERS, DEFAULTS
+    from server.workers.backfill import Backfiller
+    from server.workers.reducer import Reducer
+    from server.workers.retention import Retention
+    from server.workers.serial import Materializer, Repairer
+
+    classes = (Backfiller, Reducer, Retention, Materializer, Repairer)
+    assert {c.name for c in classes} == set(ALL_WORKERS) == set(DEFAULTS.workers)

@@ -10,19 +10,24 @@ dashboards (such as strata_window_status). Whatever else dashboards should read 
 owner's explicit GRANT.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 """
+
+from pathlib import Path
 
 from alembic import op
 
 revision = "0009"
-down_revision = "0006"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
 READER = "strata_reader"
 CATALOG = "strata_catalog"
 GRANT_READER = "public.strata_grant_reader(regclass)"
+# The SQL this migration ran when it was written, frozen: the migration builds the same
+# schema whatever sql/ holds later (sql/004_reader.sql, installed at every start).
+FROZEN_SQL = Path(__file__).resolve().parent / "sql"
 
 # The default of 0006 was set by the role that ran it, usually the one running this; any
 # other role's default naming the reader is revoked too where we may (as superuser).
@@ -74,17 +79,6 @@ END
 $$
 """
 
-# Run by Strata's own role, which owns the views it grants on; the reader (and anyone
-# else) may not call it, although GRANT would refuse them anyway.
-CREATE_GRANT_READER = f"""
-CREATE FUNCTION {GRANT_READER} RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    EXECUTE format('GRANT SELECT ON %s TO {READER}', $1);
-END
-$$
-"""
-
 GRANT_STREAM_VIEWS = f"""
 SELECT {GRANT_READER.split("(")[0]}(c.oid::regclass)
   FROM pg_class c
@@ -96,7 +90,9 @@ SELECT {GRANT_READER.split("(")[0]}(c.oid::regclass)
 def upgrade() -> None:
     op.execute(REVOKE_DEFAULTS)
     op.execute(REVOKE_OTHERS)
-    op.execute(CREATE_GRANT_READER)
+    op.execute((FROZEN_SQL / "0009_least_privilege.sql").read_text())
+    # Run by Strata's own role, which owns the views it grants on; nobody else may call it
+    # (0006's default privileges would let the reader), although GRANT would refuse them.
     op.execute(f"REVOKE ALL ON FUNCTION {GRANT_READER} FROM PUBLIC, {READER}")
     op.execute(GRANT_STREAM_VIEWS)
 
