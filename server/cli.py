@@ -10,8 +10,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from server.runtime import Runtime
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -20,6 +24,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["port"] = args.port
     if getattr(args, "host", None) is not None:
         overrides["host"] = args.host
+    if getattr(args, "pg_port", None) is not None:
+        overrides["pg_port"] = args.pg_port
     if args.data_dir is not None:
         overrides["data_dir"] = Path(args.data_dir)
     return Settings(**overrides)  # type: ignore[arg-type]
@@ -30,12 +36,9 @@ def _shutting_down(signum: int, _frame: object) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from server.api.app import create_app
-    from server.errors import SecretSettingError
+    from server.errors import SecretSettingError, SqlPortError
     from server.runtime import running
-    from server.security import Tokens, redacted_url, secret
+    from server.security import Tokens, secret
 
     settings = _settings(args)
     logging.basicConfig(
@@ -56,19 +59,36 @@ def up(args: argparse.Namespace) -> int:
             settings.host,
             settings.port,
         )
-    with running(settings) as runtime:
-        details = runtime.info()
-        app = create_app(runtime.service, settings, details)
-        # The console is a log: no password of the database URL (GET /info has it).
-        shown = details | {"database_url": redacted_url(str(details["database_url"]))}
-        print(json.dumps(shown), flush=True)
-        # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and, once done, raises
-        # the signal again for the handler it found installed. That handler must not end
-        # the process: `running` still has to stop the worker, Spark and PostgreSQL.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _shutting_down)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    try:
+        with running(settings) as runtime:
+            _serve(runtime, settings)
+    except SqlPortError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _serve(runtime: Runtime, settings: Settings) -> None:
+    import uvicorn
+
+    from server.api.app import create_app
+    from server.security import redacted_url
+
+    details = runtime.info()
+    app = create_app(runtime.service, settings, details)
+    # The console is a log: no password of the database URLs (GET /info has them).
+    shown = details | {
+        key: redacted_url(str(details[key]))
+        for key in ("database_url", "psql_url")
+        if details.get(key)
+    }
+    print(json.dumps(shown), flush=True)
+    # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and, once done, raises
+    # the signal again for the handler it found installed. That handler must not end
+    # the process: `running` still has to stop the worker, Spark and PostgreSQL.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _shutting_down)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
 
 
 def info(args: argparse.Namespace) -> int:
@@ -163,9 +183,12 @@ def cluster(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    start = commands.add_parser("up", help="start PostgreSQL, Spark and the HTTP API")
+    start = commands.add_parser("up", help="start PostgreSQL, Spark, the HTTP API and the SQL port")
     start.add_argument("--port", type=int, help="HTTP port (default 8080, STRATA_PORT)")
     start.add_argument("--host", help="HTTP address (default 127.0.0.1, STRATA_HOST)")
+    start.add_argument(
+        "--pg-port", type=int, help="SQL port (PostgreSQL protocol; default 5433, STRATA_PG_PORT)"
+    )
     start.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
     start.set_defaults(run=up)
     show = commands.add_parser("info", help="print database_url and more as JSON")

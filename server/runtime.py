@@ -23,6 +23,7 @@ from server.engines.spark import create_spark_session, jvm_pid, stop_spark_sessi
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
+from server.pgwire.server import SqlPort
 from server.security import configure_reader, secret
 from server.service import StrataService
 from server.settings import Settings
@@ -45,11 +46,14 @@ class Runtime:
     engine: sa.Engine
     backend: SparkBackend
     service: StrataService
+    sql_port: SqlPort
     workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
 
     def info(self) -> dict[str, object]:
         return {
             "database_url": self.database_url,
+            # The SQL port's URL once it listens: psql there runs Strata's statements too.
+            "psql_url": self.sql_port.psql_url if self.sql_port.port is not None else None,
             "spark_master": self.settings.spark_master or "local[*]",
             # Whether executors read spooled runs from their files (see STRATA_SHARED_SPOOL).
             "shared_spool": self.backend.reads_files,
@@ -59,12 +63,15 @@ class Runtime:
         }
 
     def start(self) -> None:
-        """Resume pending runs and start the ingest pipeline and the workers."""
+        """Resume pending runs, start the ingest pipeline and the workers, and open the
+        SQL port."""
         self.service.pipeline.start()
         for worker in self.workers.values():
             worker.start()
+        self.sql_port.start()
 
     def stop(self) -> None:
+        self.sql_port.stop()  # no new statements while the rest stops
         # Every worker finishes its current step at the same time, not one after another.
         for worker in self.workers.values():
             worker.request_stop()
@@ -76,8 +83,9 @@ class Runtime:
 def assemble(
     settings: Settings, database_url: str, engine: sa.Engine, backend: SparkBackend
 ) -> Runtime:
-    """Wire the service, its ingest pipeline and the workers ``settings.workers`` names,
-    over a migrated database (``engine``) and a Spark backend. Nothing starts yet."""
+    """Wire the service, its ingest pipeline, the workers ``settings.workers`` names and
+    the SQL port, over a migrated database (``engine``) and a Spark backend. Nothing starts
+    yet."""
     plans = PlanCache()
     metrics = Metrics(engine, plans)
     spool = Spool(settings.spool_dir)
@@ -106,7 +114,8 @@ def assemble(
         Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics),
     ]
     workers: dict[str, Worker] = {w.name: w for w in every if w.name in settings.workers}
-    return Runtime(settings, database_url, engine, backend, service, workers)
+    sql_port = SqlPort(service, settings, database_url)
+    return Runtime(settings, database_url, engine, backend, service, sql_port, workers)
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pyarrow as pa
@@ -179,6 +180,18 @@ class StrataService:
         self, stream: str, body: bytes, content_type: str, run_id: str | None
     ) -> RunRecord:
         """Validate, spool durably and record a run; returns its (possibly earlier) record."""
+        return self.submit_rows(
+            stream,
+            lambda plan: parse_run(body, content_type, plan.columns, plan.event_time),
+            run_id,
+        )
+
+    def submit_rows(
+        self, stream: str, read_rows: Callable[[RawStreamPlan], pa.Table], run_id: str | None
+    ) -> RunRecord:
+        """Like ``submit_run``, for a run whose rows ``read_rows`` reads for the stream's plan
+        (a COPY's data, an INSERT's VALUES). A run id already known returns the first
+        result before anything is read: the same run again changes nothing."""
         run_id = run_id or uuid.uuid4().hex
         known = self.run(run_id)
         if known is not None:
@@ -190,7 +203,7 @@ class StrataService:
                 f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
         started = time.perf_counter()
-        table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
+        table = read_rows(record.plan)
         parsed = time.perf_counter()
         self.metrics.stage_took("parse", parsed - started)
         with self.engine.begin() as connection:
