@@ -62,7 +62,7 @@ def main() -> int:
         return subprocess.run([str(PYTHON), "-m", "pytest", *args], cwd=ROOT).returncode
     if command == "bench":
         ensure_environment("dev")
-        return subprocess.run([str(PYTHON), "bench/run.py", *rest], cwd=ROOT).returncode
+        return subprocess.run([str(PYTHON), "-m", "bench.run", *rest], cwd=ROOT).returncode
     print(__doc__)
     return 2
 

@@ -1,6 +1,6 @@
 """Benchmark of back-fill: a new derived stream over archived history, against PostgreSQL.
 
-    python bench/backfill.py [--rows 10000000] [--run-rows 500000] [--chunk-rows N] [--keep]
+    python -m bench.backfill [--rows 10000000] [--run-rows 500000] [--chunk-rows N] [--keep]
 
 The figure: back-fill of a new stream over ``--rows`` archived raw rows, timed against
 PostgreSQL's own ``CREATE TABLE ... AS SELECT ... GROUP BY ...`` over the same rows in the
@@ -9,7 +9,7 @@ same database, in the same run.
 What it does, in one process tree:
 
 1. starts ``strata up`` as a real subprocess on a free port and a temporary data dir
-   (embedded PostgreSQL, local Spark; helpers of bench/ingest.py), and reads
+   (embedded PostgreSQL, local Spark; bench.harness.server), and reads
    ``database_url`` from ``GET /info``;
 2. creates the raw stream ``impsns`` through the API, then loads its history directly in
    PostgreSQL, not through the HTTP API (which would take minutes): for each run of
@@ -60,21 +60,23 @@ from pathlib import Path
 import httpx
 import psycopg
 import pyarrow as pa
-from figures import Result, check_scale  # bench/figures.py, next to this script
-from ingest import (  # bench/ingest.py, next to this script
-    STOP_TIMEOUT,
-    BenchError,
-    Server,
-    Timing,
-    clean_up,
-    log_problems,
-    print_table,
-    start_server,
-    stop_orphaned_postgres,
-    stop_server,
-)
 from psycopg import sql
 
+from bench.harness.api import create_stream
+from bench.harness.database import scalar
+from bench.harness.errors import BenchError
+from bench.harness.percentile import percentile
+from bench.harness.results import Result, Timing, check_scale, print_table
+from bench.harness.server import (
+    Server,
+    clean_up,
+    log_lines,
+    log_problems,
+    start_server,
+    stop_orphaned_postgres,
+    stop_problems,
+    stop_server,
+)
 from rewriter import RawStreamPlan, rewrite
 from rewriter.naming import INTERNAL_SCHEMA, RUN_COLUMN, raw_archive_table
 from server.ingest.archive import copy_out
@@ -210,12 +212,6 @@ def chunks_of(run_rows: list[int], chunk_rows: int) -> int:
 # ---- the phases ------------------------------------------------------------------------
 
 
-def create_stream(client: httpx.Client, text: str) -> None:
-    response = client.post("/streams", json={"sql": text})
-    if response.status_code != 201:
-        raise BenchError(f"creating stream failed: {response.status_code} {response.text}")
-
-
 def backfill(client: httpx.Client, view: str, raw: str, timeout: float) -> Backfill:
     """POST the derived stream, poll until its back-fill is done."""
     samples: list[Sample] = []
@@ -294,26 +290,21 @@ def verify(database_url: str, rows: int, done: Backfill) -> tuple[list[str], int
     """What is wrong with the view (empty when all is right), and its row count."""
     problems: list[str] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
-
-        def scalar(statement: str) -> object:
-            row = conn.execute(statement).fetchone()  # type: ignore[arg-type]
-            assert row is not None
-            return row[0]
-
-        view_rows = int(scalar(f"SELECT count(*) FROM {VIEW}"))  # type: ignore[call-overload]
-        baseline_rows = scalar(f"SELECT count(*) FROM {BASELINE}")
+        view_rows = int(scalar(conn, f"SELECT count(*) FROM {VIEW}"))
+        baseline_rows = scalar(conn, f"SELECT count(*) FROM {BASELINE}")
         if view_rows != baseline_rows:
             problems.append(f"{VIEW} has {view_rows} rows, {BASELINE} {baseline_rows}")
         if view_rows == 0:
             problems.append(f"{VIEW} is empty")
-        counted = scalar(f"SELECT sum(c) FROM {VIEW}")
+        counted = scalar(conn, f"SELECT sum(c) FROM {VIEW}")
         if counted != rows:
             problems.append(f"sum(c) of {VIEW} is {counted}, expected {rows}")
         cols = "campaign, c, revenue, t"
         for left, right in ((VIEW, BASELINE), (BASELINE, VIEW)):
             differ = scalar(
+                conn,
                 f"SELECT count(*) FROM (SELECT {cols} FROM {left} "
-                f"EXCEPT ALL SELECT {cols} FROM {right}) d"
+                f"EXCEPT ALL SELECT {cols} FROM {right}) d",
             )
             if differ:
                 problems.append(f"{differ} rows of {left} are not in {right}")
@@ -323,11 +314,6 @@ def verify(database_url: str, rows: int, done: Backfill) -> tuple[list[str], int
             f"back-fill did {final['rows_done']} of {final['rows_total']} rows, expected {rows}"
         )
     return problems, view_rows
-
-
-def log_lines(server: Server, words: tuple[str, ...]) -> list[str]:
-    text = server.log_path.read_text(errors="replace")
-    return [line for line in text.splitlines() if any(w in line for w in words)]
 
 
 # ---- the run ---------------------------------------------------------------------------
@@ -424,10 +410,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
         )
         code, seconds = stop_server(server)
         timings.append(Timing("stop (SIGTERM)", 0, seconds, f"exit code {code}"))
-        if code is None:
-            problems.append(f"server still running {STOP_TIMEOUT:.0f}s after SIGTERM; killed")
-        elif code != 0:
-            problems.append(f"server exit code {code} after SIGTERM")
+        problems += stop_problems(code)
         orphan = stop_orphaned_postgres(data_dir)
         if orphan is not None:
             problems.append(f"the embedded PostgreSQL (pid {orphan}) outlived the server")
@@ -455,11 +438,10 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
         )
         steps = done.chunk_seconds()
         if steps:
-            ordered = sorted(steps)
             print(
                 f"{chunks} chunks, {done.seconds / chunks:.2f}s per chunk on average; as polled "
                 f"({len(steps)} advances): first {steps[0]:.2f}s, median "
-                f"{ordered[len(ordered) // 2]:.2f}s, max {ordered[-1]:.2f}s; reading one chunk "
+                f"{percentile(steps, 0.5):.2f}s, max {max(steps):.2f}s; reading one chunk "
                 f"back takes {read_seconds:.2f}s of it, the rest is Spark, the partial rows' "
                 "COPY and the catalog updates"
             )
@@ -521,7 +503,7 @@ SCALES = {"smoke": ["--rows", "20000", "--run-rows", "5000"], "full": []}
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     args = _parser().parse_args(SCALES[check_scale(scale)])
     os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)  # read by `strata up`
     code, results = run_benchmark(args)

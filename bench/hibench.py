@@ -1,6 +1,6 @@
 """The four HiBench streaming workloads, Strata against Spark Structured Streaming (SSS).
 
-    python bench/hibench.py [--scale full|smoke] [--threads 4] [--run-rows N]
+    python -m bench.hibench [--scale full|smoke] [--threads 4] [--run-rows N]
                             [--runs N] [--latency-runs N] [--keep]
 
 HiBench's streaming suite (identity, repartition, wordcount, fixwindow) over records like
@@ -10,7 +10,7 @@ deterministically (seeded): 1,000 client ips, a 64-bit random session per record
 search words of Zipf-like frequency, event time advancing 1 ms per record (1,000 records
 per second of event time, runs in event-time order: nothing is late). Each workload is
 measured on its own, in one run on one machine, in both engines: one ``strata up``
-(bench/ingest.py's helpers) and one SparkSession in this process for SSS (as
+(bench.harness.server) and one SparkSession in this process for SSS (bench.harness.sss, as
 bench/peer_sss.py does). How each engine expresses each workload:
 
 * **identity** — every record passes unchanged into PostgreSQL. Strata: the raw stream
@@ -55,7 +55,7 @@ For each workload and engine, the same runs (CSV bodies / files of ``run_rows`` 
    200-byte rows every few milliseconds, as bench/peer_sss.py does over small result
    tables, would take a core of a 2-core machine away from the engines;
 2. **throughput**: the next ``runs`` runs, as fast as each engine takes them: Strata from
-   ``threads`` clients with ``wait=true`` (bench/ingest.py's ``post_runs``; the clock stops
+   ``threads`` clients with ``wait=true`` (bench.harness.api's ``post_runs``; the clock stops
    when every run is committed); SSS reading ``threads`` files per micro-batch, the clock
    from the first file written until the query has processed every file
    (``processAllAvailable``: every row is then in PostgreSQL).
@@ -80,43 +80,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import pyarrow.csv as pa_csv
-from figures import Result, check_scale, latency_results  # bench/figures.py, next to this
-from ingest import (  # bench/ingest.py, next to this script
-    HTTP_TIMEOUT,
-    BenchError,
-    Dataset,
-    Server,
-    Timing,
-    _timestamp,
-    clean_up,
-    copy_baseline,
-    post_runs,
-    print_table,
-    start_server,
-    stop_server,
-)
-from peer_sss import VISIBLE_TIMEOUT, SparkJob, UpsertSink, percentile
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 from pyspark.sql import types as T  # noqa: N812
 
-from server.engines.spark import create_spark_session, stop_spark_session
+from bench.harness.api import HTTP_TIMEOUT, create_stream, post_runs
+from bench.harness.data import Dataset, day_timestamp
+from bench.harness.database import copy_baseline, fetch_one, scalar
+from bench.harness.errors import BenchError
+from bench.harness.percentile import percentile
+from bench.harness.results import Result, Timing, check_scale, latency_results, print_table
+from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
+from server.engines.spark import stop_spark_session
 
 WORKLOADS = ("identity", "repartition", "wordcount", "fixwindow")
 FIELDS = "ip, session, url, t, revenue, user_agent, country, language, word, duration"
@@ -176,6 +164,7 @@ SELECT (SELECT count(*) FROM (SELECT {fields} FROM {plain} EXCEPT ALL
        0, (SELECT count(*) FROM {output})
 """
 SEED = 2024
+COMMIT_TIMEOUT = 300.0  # most seconds a latency run may take to commit in SSS
 IPS = 1_000
 URLS = 5_000
 WORDS = 10_000
@@ -249,7 +238,7 @@ def generate_visits(runs: int, run_rows: int, seed: int = SEED) -> Dataset:
         for i, (ip, url, agent, country, language, word) in enumerate(picks):
             cents = rng.randrange(1, 100_000)
             lines.append(
-                f"{ip},{rng.getrandbits(64):016x},{url},{_timestamp((first + i) * MS_PER_ROW)},"
+                f"{ip},{rng.getrandbits(64):016x},{url},{day_timestamp((first + i) * MS_PER_ROW)},"
                 f"{cents // 100}.{cents % 100:02d},{agent},{country},{language},{word},"
                 f"{rng.randrange(1, 1000)}\n"
             )
@@ -282,50 +271,6 @@ class Measured:
 
 
 # ---- Spark Structured Streaming ------------------------------------------------------------
-
-
-class Sink(UpsertSink):
-    """``foreachBatch`` sink: COPYs each micro-batch into ``table`` (no ``keys``: append), or
-    into a staging table and upserts it on ``keys``, in one transaction; notes the time each
-    non-empty batch commits (its rows are then visible in PostgreSQL)."""
-
-    def __init__(
-        self, database_url: str, table: str, columns: list[str], keys: tuple[str, ...] = ()
-    ) -> None:
-        super().__init__(database_url, table, columns)
-        self.keys = keys
-        self.commits: list[float] = []
-
-    def __call__(self, batch: DataFrame, epoch_id: int) -> None:
-        rows = batch.toArrow()
-        if rows.num_rows == 0:
-            return
-        body = io.BytesIO()
-        pa_csv.write_csv(rows, body, pa_csv.WriteOptions(include_header=False))
-        if self.conn is None:
-            self.conn = psycopg.connect(self.database_url)
-            if self.keys:
-                _execute(
-                    self.conn, f"CREATE TEMP TABLE stage (LIKE {self.table}) ON COMMIT DELETE ROWS"
-                )
-                self.conn.commit()
-        names = ", ".join(self.columns)
-        target = "stage" if self.keys else self.table
-        with self.conn.transaction(), self.conn.cursor() as cursor:
-            with cursor.copy(f"COPY {target} ({names}) FROM STDIN (FORMAT csv)") as copy:  # type: ignore[arg-type]
-                copy.write(body.getvalue())
-            if self.keys:
-                keys = ", ".join(self.keys)
-                updates = ", ".join(
-                    f"{c} = EXCLUDED.{c}" for c in self.columns if c not in self.keys
-                )
-                cursor.execute(
-                    f"INSERT INTO {self.table} ({names}) SELECT {names} FROM stage "  # type: ignore[arg-type]
-                    f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
-                )
-        self.commits.append(time.monotonic())
-        self.batches += 1
-        self.rows += rows.num_rows
 
 
 def sss_frame(
@@ -376,7 +321,7 @@ def sss_workload(
             )
         else:
             _execute(conn, f"CREATE TABLE {table} ({COLUMNS})")
-    sink = Sink(database_url, table, frame.columns, keys)
+    sink = PostgresSink(database_url, table, frame.columns, keys)
     query = (
         frame.writeStream.queryName(table)
         .outputMode("update" if keys else "append")
@@ -404,8 +349,8 @@ def sss_workload(
                 polls += 1
                 if polls % 1000 == 0:
                     job.check()
-                if time.monotonic() > started + VISIBLE_TIMEOUT:
-                    raise BenchError(f"{table}: run {index} not committed in {VISIBLE_TIMEOUT}s")
+                if time.monotonic() > started + COMMIT_TIMEOUT:
+                    raise BenchError(f"{table}: run {index} not committed in {COMMIT_TIMEOUT}s")
                 time.sleep(0.001)
             latencies.append(sink.commits[before] - started)
             time.sleep(gap)
@@ -444,9 +389,7 @@ def strata_workload(
     latencies = []
     with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
         for sql in (RAW.format(raw=raw), derived):
-            response = client.post("/streams", json={"sql": sql})
-            if response.status_code != 201:
-                raise BenchError(f"{sql}: {response.status_code} {response.text}")
+            create_stream(client, sql)
         for index, body in enumerate(latency.bodies):
             started = time.monotonic()
             response = client.post(
@@ -477,12 +420,6 @@ def _execute(conn: psycopg.Connection, statement: str) -> None:
     conn.execute(statement)  # type: ignore[arg-type]
 
 
-def _fetch(conn: psycopg.Connection, statement: str) -> tuple[Any, ...]:
-    row = conn.execute(statement).fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return tuple(row)
-
-
 def check(database_url: str, measured: Measured, keyed: tuple[str, str] | None) -> None:
     """Fill in ``measured``'s rows lost, over-counted and groups wrong against the batch
     query over ``hb_plain``."""
@@ -493,7 +430,7 @@ def check(database_url: str, measured: Measured, keyed: tuple[str, str] | None) 
         key, window = keyed
         statement = CHECK_KEYED.format(key=key, window=window, plain=PLAIN, output=output)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = _fetch(conn, statement)
+        row = fetch_one(conn, statement)
     measured.lost, measured.over, measured.wrong_groups, measured.groups = (int(v) for v in row)
 
 
@@ -538,17 +475,8 @@ def run(
     }
     failed = True
     try:
-        with ThreadPoolExecutor(1) as pool:  # the two start-ups overlap
-            starting = pool.submit(start_server, work)
-            try:
-                spark_started = time.monotonic()
-                spark = create_spark_session(
-                    "local[*]", app_name="hibench-sss", local_dir=work / "sss-spark"
-                )
-                spark.sparkContext.setLogLevel("ERROR")
-                timings.append(Timing("Spark session", 0, time.monotonic() - spark_started))
-            finally:
-                server = starting.result()  # to be stopped, whatever happens
+        server, spark, spark_seconds = start_server_and_spark(work, "hibench-sss")
+        timings.append(Timing("Spark session", 0, spark_seconds))
         timings.append(Timing("strata up", 0, server.started_in, server.database_url))
         url = server.database_url
         # Every body into the plain table the checks compare with.
@@ -586,7 +514,7 @@ def run(
                     f"{ours.wrong_groups} groups wrong"
                 )
             with psycopg.connect(url, autocommit=True) as conn:
-                (archived,) = _fetch(conn, f"SELECT count(*) FROM {ours.extra['raw']}")
+                archived = scalar(conn, f"SELECT count(*) FROM {ours.extra['raw']}")
             if archived != data.rows:
                 problems.append(f"Strata {workload}: {archived} raw rows archived of {data.rows}")
             if theirs.over:
@@ -598,8 +526,7 @@ def run(
         results["workloads"] = {w: _figures(strata[w], sss[w], size.skip) for w in WORKLOADS}
         code, seconds = stop_server(server)
         timings.append(Timing("stop (SIGTERM)", 0, seconds, f"exit code {code}"))
-        if code != 0:
-            problems.append(f"server exit code {code} after SIGTERM")
+        problems += stop_problems(code)
         results["problems"] = problems
         results["seconds"] = round(time.monotonic() - started, 1)
         print_table(timings, phase_width=24)
@@ -632,8 +559,8 @@ def _figures(ours: Measured, theirs: Measured, skip: int) -> dict[str, Any]:
         figures |= {
             f"{engine}_rows_per_s": round(m.throughput.rows_per_s),
             f"{engine}_seconds": round(m.throughput.seconds, 2),
-            f"{engine}_p50_s": round(statistics.median(counted), 3),
-            f"{engine}_p99_s": round(percentile(counted, 99), 3),
+            f"{engine}_p50_s": round(percentile(counted, 0.5), 3),
+            f"{engine}_p99_s": round(percentile(counted, 0.99), 3),
             f"{engine}_latencies_s": [round(x, 3) for x in m.latencies],
             f"{engine}_rows_lost": m.lost,
             f"{engine}_rows_over": m.over,
@@ -704,7 +631,7 @@ def figures(results: dict[str, Any]) -> list[Result]:
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     results = run(scale)
     if results["problems"]:
         raise BenchError("; ".join(results["problems"]))

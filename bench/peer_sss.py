@@ -1,27 +1,28 @@
 """Strata against Spark Structured Streaming: the same runs, the same aggregates, into PostgreSQL.
 
-    python bench/peer_sss.py [--scale full|smoke] [--threads 4] [--keep]
+    python -m bench.peer_sss [--scale full|smoke] [--threads 4] [--keep]
 
 The peer is what a competent Spark user would build to get windowed aggregates of files
 into PostgreSQL: Spark Structured Streaming (local[*], in this process, the JVM found the
-way Strata finds it) reading a directory of CSV run files (the file source), an event-time
-watermark, and for each of the two streams of bench/ingest.py (count and revenue per
-campaign per 1-minute window; average and maximum price per campaign per 5-minute window)
-a streaming aggregation in *update* mode whose ``foreachBatch`` sink COPYs each
-micro-batch's updated windows into a staging table and upserts them (``INSERT ... ON
-CONFLICT DO UPDATE``) into a PostgreSQL table. Update mode rather than append mode:
+way Strata finds it; bench.harness.sss) reading a directory of CSV run files (the file
+source), an event-time watermark, and for each of the two derived streams of the
+ad-impression workload (bench.harness.impressions: count and revenue per campaign per
+1-minute window; average and maximum price per campaign per 5-minute window) a streaming
+aggregation in *update* mode whose ``foreachBatch`` sink COPYs each micro-batch's updated
+windows into a staging table and upserts them (``INSERT ... ON CONFLICT DO UPDATE``) into
+a PostgreSQL table. Update mode rather than append mode:
 append mode writes a window only once the watermark has passed it, so nothing would be
 visible until then, and it drops late rows exactly as update mode does. The upsert makes
 a replayed micro-batch harmless (each window's row is overwritten with Spark's state).
 
 What it does, in one process tree:
 
-1. generates the workload with bench/ingest.py's generator, profile ``HOURS_LATE``: ad
+1. generates the ad-impression workload (bench.harness.impressions), profile ``HOURS_LATE``: ad
    impressions over 8 hours of event time in runs (CSV bodies) of ``run_rows`` rows; 20%
    of the rows come in runs that arrive 1 to 6 hours late, and every run's arrival is
    jittered by up to 30 minutes, which shuffles neighbouring runs;
 2. starts ``strata up`` as a real subprocess (temporary data dir: embedded PostgreSQL,
-   local Spark; bench/ingest.py's helpers) and, meanwhile, a SparkSession in this process
+   local Spark; bench.harness.server) and, meanwhile, a SparkSession in this process
    (server/engines/spark.py); COPYs the same bodies into a plain table ``impsns_plain``, the
    input of the batch oracle;
 3. Spark, once per watermark (10 minutes, 1 hour): the run files, written in arrival
@@ -32,7 +33,7 @@ What it does, in one process tree:
    (``processAllAvailable``);
 4. Strata, once per watermark (``WITH (event_time = 't', delay = ...)``, which never
    drops rows): ``threads`` clients post the bodies in arrival order with ``wait=true``;
-   the clock stops when every run is committed (bench/ingest.py's ``post_runs``);
+   the clock stops when every run is committed (bench.harness.api's ``post_runs``);
 5. rows lost, for each engine and watermark: the 1-minute results in PostgreSQL compared
    window by window with the same aggregate as a batch ``GROUP BY`` over
    ``impsns_plain``: rows lost = the input rows of each window not counted in its result
@@ -57,48 +58,39 @@ The scale ``smoke`` finishes in under a minute and proves only that everything w
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import math
 import os
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import pyarrow.csv as pa_csv
-from figures import Result, check_scale, latency_results  # bench/figures.py, next to this
-from ingest import (  # bench/ingest.py, next to this script
-    HOUR_MS,
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+from pyspark.sql import types as T  # noqa: N812
+
+from bench.harness.api import post_runs
+from bench.harness.data import HOUR_MS, Dataset
+from bench.harness.database import copy_baseline, fetch_one, scalar
+from bench.harness.errors import BenchError
+from bench.harness.impressions import (
+    COLUMNS,
     HOURS_LATE,
     ON_TIME,
     PLAIN,
-    BenchError,
-    Dataset,
-    Server,
-    Timing,
-    clean_up,
-    copy_baseline,
     create_streams,
     generate,
-    post_runs,
-    print_table,
-    start_server,
-    stop_server,
 )
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
-from pyspark.sql import types as T  # noqa: N812
-from pyspark.sql.streaming import StreamingQuery
-
-from server.engines.spark import create_spark_session, stop_spark_session
+from bench.harness.percentile import percentile
+from bench.harness.results import Result, Timing, check_scale, latency_results, print_table
+from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
+from server.engines.spark import stop_spark_session
 
 WATERMARKS = {"10 minutes": "w10m", "1 hour": "w1h"}
 SCHEMA = T.StructType(
@@ -169,82 +161,6 @@ WARM_UP = "untimed runs of 1,000 rows, one at a time, as in the freshness series
 # ---- Spark Structured Streaming ------------------------------------------------------------
 
 
-class UpsertSink:
-    """``foreachBatch`` sink: the micro-batch's rows (updated windows) are COPYed into a
-    staging table and upserted into ``table`` in one transaction."""
-
-    def __init__(self, database_url: str, table: str, columns: list[str]) -> None:
-        self.database_url = database_url
-        self.table = table
-        self.columns = columns
-        self.conn: psycopg.Connection | None = None
-        self.batches = 0
-        self.rows = 0
-
-    def __call__(self, batch: DataFrame, epoch_id: int) -> None:
-        rows = batch.toArrow()
-        if rows.num_rows == 0:
-            return
-        body = io.BytesIO()
-        pa_csv.write_csv(rows, body, pa_csv.WriteOptions(include_header=False))
-        if self.conn is None:
-            self.conn = psycopg.connect(self.database_url)
-            self.conn.execute(
-                f"CREATE TEMP TABLE stage (LIKE {self.table}) ON COMMIT DELETE ROWS"  # type: ignore[arg-type]
-            )
-            self.conn.commit()
-        names = ", ".join(self.columns)
-        keys = ("campaign", "t")
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in self.columns if c not in keys)
-        with self.conn.transaction(), self.conn.cursor() as cursor:
-            with cursor.copy(f"COPY stage ({names}) FROM STDIN (FORMAT csv)") as copy:  # type: ignore[arg-type]
-                copy.write(body.getvalue())
-            cursor.execute(
-                f"INSERT INTO {self.table} ({names}) SELECT {names} FROM stage "  # type: ignore[arg-type]
-                f"ON CONFLICT (campaign, t) DO UPDATE SET {updates}"
-            )
-        self.batches += 1
-        self.rows += rows.num_rows
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-
-
-@dataclass
-class SparkJob:
-    queries: list[StreamingQuery]
-    sinks: list[UpsertSink]
-
-    def check(self) -> None:
-        for query in self.queries:
-            error = query.exception()
-            if error is not None:
-                raise BenchError(f"Spark query {query.name} failed: {error}")
-
-    def wait(self) -> None:
-        for query in self.queries:
-            query.processAllAvailable()
-        self.check()
-
-    def stop(self) -> None:
-        for query in self.queries:
-            query.stop()
-        for sink in self.sinks:
-            sink.close()
-
-    def progress(self) -> dict[str, int]:
-        """Rows read by the queries and rows their stateful operators dropped as late (the
-        latter counts rows entering the aggregation, which may be partial aggregates)."""
-        read = dropped = batches = 0
-        for query in self.queries:
-            for p in query.recentProgress:
-                read += p["numInputRows"]
-                batches += 1 if p["numInputRows"] else 0
-                dropped += sum(s.get("numRowsDroppedByWatermark", 0) for s in p["stateOperators"])
-        return {"rows_read": read, "data_batches": batches, "state_rows_dropped": dropped}
-
-
 def create_sink_tables(database_url: str, prefix: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         for suffix, columns in SINK_TABLES.items():
@@ -262,8 +178,9 @@ def start_spark_job(
     checkpoints: Path,
     files_per_trigger: int | None,
 ) -> SparkJob:
-    """The two streaming aggregations of bench/ingest.py over the CSV files in ``source``,
-    writing to the PostgreSQL tables ``<prefix>_1m`` and ``<prefix>_5m``."""
+    """The aggregations of the 1-minute and the 5-minute stream as streaming queries over
+    the CSV files in ``source``, upserting into the PostgreSQL tables ``<prefix>_1m`` and
+    ``<prefix>_5m``."""
     create_sink_tables(database_url, prefix)
     reader = spark.readStream.schema(SCHEMA).option("header", True)
     if files_per_trigger:
@@ -281,7 +198,7 @@ def start_spark_job(
     )
     queries, sinks = [], []
     for suffix, frame in (("_1m", per_minute), ("_5m", per_5_minutes)):
-        sink = UpsertSink(database_url, f"{prefix}{suffix}", frame.columns)
+        sink = PostgresSink(database_url, f"{prefix}{suffix}", frame.columns, ("campaign", "t"))
         query = (
             frame.writeStream.queryName(f"{prefix}{suffix}")
             .outputMode("update")
@@ -393,8 +310,7 @@ def _freshness(
             deadline = started + VISIBLE_TIMEOUT
             polls = 0
             while True:
-                row = conn.execute(f"SELECT coalesce(sum(c), 0) FROM {table}").fetchone()  # type: ignore[arg-type]
-                counted = row[0] if row else 0
+                counted = scalar(conn, f"SELECT coalesce(sum(c), 0) FROM {table}")
                 if counted >= expected:
                     latencies.append(time.monotonic() - started)
                     break
@@ -453,25 +369,17 @@ class Accuracy:
 def accuracy(database_url: str, prefix: str) -> Accuracy:
     """The results ``<prefix>_1m`` and ``<prefix>_5m`` against batch queries over the input."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        one = conn.execute(CHECK_1M.format(input=PLAIN, output=f"{prefix}_1m")).fetchone()  # type: ignore[arg-type]
-        five = conn.execute(CHECK_5M.format(input=PLAIN, output=f"{prefix}_5m")).fetchone()  # type: ignore[arg-type]
-    assert one is not None and five is not None
+        one = fetch_one(conn, CHECK_1M.format(input=PLAIN, output=f"{prefix}_1m"))
+        five = fetch_one(conn, CHECK_5M.format(input=PLAIN, output=f"{prefix}_5m"))
     return Accuracy(*(int(v) for v in (*one, *five)))
 
 
 def raw_archived(database_url: str, raw: str) -> int:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {raw}").fetchone()  # type: ignore[arg-type]
-    return int(row[0]) if row else 0
+        return int(scalar(conn, f"SELECT count(*) FROM {raw}"))
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (with few samples, p99 is the largest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[str, Any]:
@@ -514,20 +422,11 @@ def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[st
     }
     failed = True
     try:
-        with ThreadPoolExecutor(1) as pool:  # the two start-ups overlap
-            starting = pool.submit(start_server, work)
-            try:
-                spark_started = time.monotonic()
-                spark = create_spark_session(
-                    "local[*]", app_name="peer-sss", local_dir=work / "sss-spark"
-                )
-                spark.sparkContext.setLogLevel("ERROR")
-                timings.append(Timing("Spark session", 0, time.monotonic() - spark_started))
-            finally:
-                server = starting.result()  # to be stopped, whatever happens
+        server, spark, spark_seconds = start_server_and_spark(work, "peer-sss")
+        timings.append(Timing("Spark session", 0, spark_seconds))
         timings.append(Timing("strata up", 0, server.started_in, server.database_url))
         url = server.database_url
-        copy = copy_baseline(url, data)
+        copy = copy_baseline(url, data, PLAIN, COLUMNS)
         timings.append(copy)
         results["load_average_before"] = os.getloadavg()[0]
 
@@ -606,10 +505,10 @@ def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[st
             ours, theirs = strata_fresh[rows][size.skip :], sss_fresh[rows][size.skip :]
             series: dict[str, Any] = {
                 "samples": len(ours),
-                "strata_p50_s": round(statistics.median(ours), 3),
-                "strata_p99_s": round(percentile(ours, 99), 3),
-                "sss_p50_s": round(statistics.median(theirs), 3),
-                "sss_p99_s": round(percentile(theirs, 99), 3),
+                "strata_p50_s": round(percentile(ours, 0.5), 3),
+                "strata_p99_s": round(percentile(ours, 0.99), 3),
+                "sss_p50_s": round(percentile(theirs, 0.5), 3),
+                "sss_p99_s": round(percentile(theirs, 0.99), 3),
             }
             series["p50_ratio"] = round(series["strata_p50_s"] / series["sss_p50_s"], 2)
             series["p99_ratio"] = round(series["strata_p99_s"] / series["sss_p99_s"], 2)
@@ -621,8 +520,7 @@ def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[st
 
         code, seconds = stop_server(server)
         timings.append(Timing("stop (SIGTERM)", 0, seconds, f"exit code {code}"))
-        if code != 0:
-            problems.append(f"server exit code {code} after SIGTERM")
+        problems += stop_problems(code)
         results["problems"] = problems
         results["seconds"] = round(time.monotonic() - started, 1)
         print_table(timings, phase_width=24)
@@ -730,7 +628,7 @@ def figures(results: dict[str, Any]) -> list[Result]:
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     results = run(scale)
     if results["problems"]:
         raise BenchError("; ".join(results["problems"]))

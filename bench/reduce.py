@@ -1,6 +1,6 @@
 """Benchmark of the reducer: query time of a consolidating view before and after reduction.
 
-    python bench/reduce.py [--groups 1000] [--late-fraction 0.2] [--runs 50] [--repeat 5]
+    python -m bench.reduce [--groups 1000] [--late-fraction 0.2] [--runs 50] [--repeat 5]
                            [--keep]
 
 The figure (from the issue): the query time of a consolidating view over one day of
@@ -12,7 +12,8 @@ figure.
 What it does, in one process:
 
 1. starts an embedded PostgreSQL in a temporary dir (or uses ``STRATA_DATABASE_URL`` when
-   set) and applies the migrations (SQL functions, internal schema);
+   set) and applies the migrations (SQL functions, internal schema;
+   bench.harness.database);
 2. plans the raw stream ``impsns`` and the derived stream ``impsn_stats`` (1-minute count,
    revenue, average and maximum price per campaign) with the rewriter, and executes the
    derived stream's create statements (partial archive, its index, the view); the stream is
@@ -49,28 +50,23 @@ import json
 import logging
 import os
 import random
-import shutil
-import statistics
 import sys
-import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import sqlglot
-from figures import Result, check_scale  # bench/figures.py, next to this script
 from sqlglot import exp
 
+from bench.harness.database import Measurement, measure, scalar, scratch_database
+from bench.harness.errors import BenchError
+from bench.harness.results import Result, check_scale, timed
 from rewriter import rewrite
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
-from rewriter.plan import DerivedStreamPlan
-from server.catalog import create_catalog_engine, migrate
-from server.engines.embedded_pg import EmbeddedPostgres
+from rewriter.plan import ParallelAggregatePlan
 
 RAW_SQL = (
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
@@ -93,21 +89,17 @@ SEED = 2024
 COPY_BATCH = 100_000
 
 
-class BenchError(Exception):
-    """The benchmark cannot go on, or its results are wrong."""
-
-
 # ---- the stream ------------------------------------------------------------------------
 
 
-def plan_stream() -> DerivedStreamPlan:
+def plan_stream() -> ParallelAggregatePlan:
     raw = rewrite(RAW_SQL, {})
     plan = rewrite(STREAM_SQL, {"impsns": raw})
-    assert isinstance(plan, DerivedStreamPlan) and plan.is_parallel
+    assert isinstance(plan, ParallelAggregatePlan)
     return plan
 
 
-def archive_name(plan: DerivedStreamPlan) -> str:
+def archive_name(plan: ParallelAggregatePlan) -> str:
     return f'"{INTERNAL_SCHEMA}"."{partial_archive_table(plan.name)}"'
 
 
@@ -154,7 +146,7 @@ def on_time_runs(window: int, runs: int) -> range:
 
 
 def partial_rows(
-    plan: DerivedStreamPlan, groups: int, late_fraction: float, runs: int, shape: Shape
+    plan: ParallelAggregatePlan, groups: int, late_fraction: float, runs: int, shape: Shape
 ) -> Iterator[str]:
     """COPY text lines of the partial archive, in the plan's column order."""
     rng = random.Random(SEED)
@@ -204,7 +196,7 @@ def partial_rows(
 
 
 def load_archive(
-    conn: psycopg.Connection, plan: DerivedStreamPlan, args: argparse.Namespace
+    conn: psycopg.Connection, plan: ParallelAggregatePlan, args: argparse.Namespace
 ) -> Shape:
     shape = Shape()
     columns = ", ".join(f'"{c}"' for c, _ in plan.partial_columns)
@@ -268,7 +260,7 @@ QUERIES = [
 ]
 
 
-def window_start_rel(plan: DerivedStreamPlan, query: Query) -> str:
+def window_start_rel(plan: ParallelAggregatePlan, query: Query) -> str:
     """The view's query with the query's range on t also written on window_start (t is
     window_start + the window size): what the view could do if it exposed window_start."""
     assert query.range is not None
@@ -277,31 +269,6 @@ def window_start_rel(plan: DerivedStreamPlan, query: Query) -> str:
     assert isinstance(select, exp.Select)
     select = select.where(query.range.on("window_start", shift), dialect="postgres")
     return f"({select.sql('postgres')}) AS v"
-
-
-@dataclass
-class Measurement:
-    result: list[tuple[Any, ...]]
-    seconds: list[float]
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.seconds) * 1000
-
-    @property
-    def min_ms(self) -> float:
-        return min(self.seconds) * 1000
-
-
-def measure(conn: psycopg.Connection, sql: str, repeat: int) -> Measurement:
-    """One untimed run (warm cache; its result is the one compared), then ``repeat``."""
-    result = conn.execute(sql).fetchall()  # type: ignore[arg-type]
-    seconds = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        conn.execute(sql).fetchall()  # type: ignore[arg-type]
-        seconds.append(time.perf_counter() - started)
-    return Measurement(result, seconds)
 
 
 @dataclass
@@ -360,7 +327,7 @@ def run_phase(conn: psycopg.Connection, queries: dict[str, str], table: str, rep
     )
 
 
-def view_queries(plan: DerivedStreamPlan) -> dict[str, str]:
+def view_queries(plan: ParallelAggregatePlan) -> dict[str, str]:
     """Q1..Q3 over the view, and the what-if variants Q2w, Q3w (range on window_start)."""
     queries = {q.key: q.sql(VIEW) for q in QUERIES}
     queries |= {f"{q.key}w": q.sql(window_start_rel(plan, q)) for q in QUERIES if q.range}
@@ -370,23 +337,11 @@ def view_queries(plan: DerivedStreamPlan) -> dict[str, str]:
 # ---- the run ---------------------------------------------------------------------------
 
 
-def scalar(conn: psycopg.Connection, sql: str) -> Any:
-    row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return row[0]
-
-
-def timed(what: Callable[[], Any]) -> tuple[Any, float]:
-    started = time.perf_counter()
-    result = what()
-    return result, time.perf_counter() - started
-
-
 def size_mb(conn: psycopg.Connection, relation: str) -> float:
     return scalar(conn, f"SELECT pg_total_relation_size('{relation}')") / 1e6
 
 
-def reduce_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> tuple[int, int]:
+def reduce_all(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> tuple[int, int]:
     """The reducer's statement until it folds nothing; returns (groups folded, passes)."""
     params = {"min_rows": 1, "max_groups": 1_000_000_000}
     folded = passes = 0
@@ -398,13 +353,13 @@ def reduce_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> tuple[int, 
             return folded, passes
 
 
-def check_absent(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
+def check_absent(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> None:
     for relation in (VIEW, PLAIN, archive_name(plan)):
         if scalar(conn, f"SELECT to_regclass('{relation}')") is not None:
             raise BenchError(f"{relation} already exists in this database; not touching it")
 
 
-def drop_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
+def drop_all(conn: psycopg.Connection, plan: ParallelAggregatePlan) -> None:
     conn.execute(f"DROP TABLE IF EXISTS {PLAIN}")
     for statement in plan.drop_statements:
         conn.execute(statement)  # type: ignore[arg-type]
@@ -412,7 +367,7 @@ def drop_all(conn: psycopg.Connection, plan: DerivedStreamPlan) -> None:
 
 def verify(
     conn: psycopg.Connection,
-    plan: DerivedStreamPlan,
+    plan: ParallelAggregatePlan,
     shape: Shape,
     before: Phase,
     after: Phase,
@@ -447,91 +402,71 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     plan = plan_stream()
     archive = archive_name(plan)
     table = partial_archive_table(plan.name)  # as EXPLAIN names it
-    external = os.environ.get("STRATA_DATABASE_URL")
-    data_dir: Path | None = None
-    server: EmbeddedPostgres | None = None
-    conn: psycopg.Connection | None = None
     problems: list[str] = []
     results: list[Result] = []
     try:
-        if external:
-            url = external
-        else:
-            data_dir = Path(tempfile.mkdtemp(prefix="strata-bench-reduce-"))
-            server = EmbeddedPostgres(data_dir / "postgres")
-            url = server.start()
-        engine = create_catalog_engine(url)
-        migrate(engine)
-        engine.dispose()
-        conn = psycopg.connect(url, autocommit=True)
-        check_absent(conn, plan)
-        for statement in plan.create_statements:
-            conn.execute(statement)  # type: ignore[arg-type]  # may contain '%': no params
-        steps: dict[str, float] = {}
+        with (
+            scratch_database("strata-bench-reduce-", keep=args.keep) as database,
+            psycopg.connect(database.url, autocommit=True) as conn,
+        ):
+            check_absent(conn, plan)
+            for statement in plan.create_statements:
+                conn.execute(statement)  # type: ignore[arg-type]  # may contain '%': no params
+            steps: dict[str, float] = {}
 
-        shape, steps["load"] = timed(lambda: load_archive(conn, plan, args))
-        conn.execute(f"VACUUM ANALYZE {archive}")
-        _, steps["plain"] = timed(
-            lambda: (
-                conn.execute(f"CREATE TABLE {PLAIN} AS SELECT * FROM {VIEW}"),
-                conn.execute(f"CREATE INDEX {PLAIN}_window ON {PLAIN} (t, campaign)"),
-                conn.execute(f"VACUUM ANALYZE {PLAIN}"),
+            shape, steps["load"] = timed(lambda: load_archive(conn, plan, args))
+            conn.execute(f"VACUUM ANALYZE {archive}")
+            _, steps["plain"] = timed(
+                lambda: (
+                    conn.execute(f"CREATE TABLE {PLAIN} AS SELECT * FROM {VIEW}"),
+                    conn.execute(f"CREATE INDEX {PLAIN}_window ON {PLAIN} (t, campaign)"),
+                    conn.execute(f"VACUUM ANALYZE {PLAIN}"),
+                )
             )
-        )
-        counted = conn.execute(f"SELECT count(*), sum(c) FROM {PLAIN}").fetchone()
-        if counted != (shape.pairs, shape.events):
-            raise BenchError(
-                f"the view before reduction: (count(*), sum(c)) = {counted}, "
-                f"expected {(shape.pairs, shape.events)}"
+            counted = conn.execute(f"SELECT count(*), sum(c) FROM {PLAIN}").fetchone()
+            if counted != (shape.pairs, shape.events):
+                raise BenchError(
+                    f"the view before reduction: (count(*), sum(c)) = {counted}, "
+                    f"expected {(shape.pairs, shape.events)}"
+                )
+            sizes = {"archive before": size_mb(conn, archive), "plain": size_mb(conn, PLAIN)}
+
+            before = run_phase(conn, view_queries(plan), table, args.repeat)
+            (folded, passes), steps["reduce"] = timed(lambda: reduce_all(conn, plan))
+            _, steps["vacuum"] = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive}"))
+            sizes["archive after"] = size_mb(conn, archive)
+            after = run_phase(conn, view_queries(plan), table, args.repeat)
+            plain = run_phase(conn, {q.key: q.sql(PLAIN) for q in QUERIES}, PLAIN, args.repeat)
+            problems = verify(conn, plan, shape, before, after, plain)
+
+            settings = ", ".join(
+                f"{name}={scalar(conn, f'SHOW {name}')}"
+                for name in ("work_mem", "shared_buffers", "max_parallel_workers_per_gather")
             )
-        sizes = {"archive before": size_mb(conn, archive), "plain": size_mb(conn, PLAIN)}
-
-        before = run_phase(conn, view_queries(plan), table, args.repeat)
-        (folded, passes), steps["reduce"] = timed(lambda: reduce_all(conn, plan))
-        _, steps["vacuum"] = timed(lambda: conn.execute(f"VACUUM ANALYZE {archive}"))
-        sizes["archive after"] = size_mb(conn, archive)
-        after = run_phase(conn, view_queries(plan), table, args.repeat)
-        plain = run_phase(conn, {q.key: q.sql(PLAIN) for q in QUERIES}, PLAIN, args.repeat)
-        problems = verify(conn, plan, shape, before, after, plain)
-
-        settings = ", ".join(
-            f"{name}={scalar(conn, f'SHOW {name}')}"
-            for name in ("work_mem", "shared_buffers", "max_parallel_workers_per_gather")
-        )
-        report(
-            args,
-            Report(
-                shape=shape,
-                before=before,
-                after=after,
-                plain=plain,
-                sizes=sizes,
-                steps=steps,
-                folded=folded,
-                passes=passes,
-                server=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
-                f"JIT available: {scalar(conn, 'SELECT pg_jit_available()')}, {settings}, "
-                f"{os.cpu_count()} CPUs",
-            ),
-        )
-        results = figures(args, before, after, plain, steps["reduce"])
-        if problems:
-            print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
-        if external and not args.keep:
-            drop_all(conn, plan)
+            report(
+                args,
+                Report(
+                    shape=shape,
+                    before=before,
+                    after=after,
+                    plain=plain,
+                    sizes=sizes,
+                    steps=steps,
+                    folded=folded,
+                    passes=passes,
+                    server=f"PostgreSQL {scalar(conn, 'SHOW server_version')}, "
+                    f"JIT available: {scalar(conn, 'SELECT pg_jit_available()')}, {settings}, "
+                    f"{os.cpu_count()} CPUs",
+                ),
+            )
+            results = figures(args, before, after, plain, steps["reduce"])
+            if problems:
+                print("\nWRONG:\n  " + "\n  ".join(problems), file=sys.stderr)
+            if database.external and not args.keep:
+                drop_all(conn, plan)
     except BenchError as err:
         print(f"benchmark failed: {err}", file=sys.stderr)
         problems.append(str(err))
-    finally:
-        if conn is not None:
-            conn.close()
-        if server is not None:
-            server.stop()
-        if data_dir is not None:
-            if args.keep:
-                print(f"kept {data_dir} (the embedded PostgreSQL is stopped)", file=sys.stderr)
-            else:
-                shutil.rmtree(data_dir, ignore_errors=True)
     return 1 if problems else 0, results
 
 
@@ -695,7 +630,7 @@ SCALES = {"smoke": ["--groups", "43", "--runs", "5", "--repeat", "2"], "full": [
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     logging.basicConfig(level=logging.WARNING)
     code, results = run_benchmark(_parser().parse_args(SCALES[check_scale(scale)]))
     if code:

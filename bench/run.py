@@ -1,11 +1,12 @@
 """Run every benchmark of bench/ and report their figures: `make bench`, `make bench-smoke`.
 
-    python bench/run.py [--scale full|smoke] [--only NAME ...] [--out DIR]
+    python -m bench.run [--scale full|smoke] [--only NAME ...] [--out DIR]
                         [--readme PATH | --no-readme]
 
-A benchmark is a module of bench/ that defines ``benchmark(scale) -> list[Result]`` at its
-top level (bench/figures.py); modules without one (helpers, this runner) are skipped, and
-so are modules that fail to import (reported as failures). Each benchmark runs in turn,
+A benchmark is a module of the package bench that defines ``benchmark(scale) ->
+list[Result]`` at its top level (bench.harness.results); other modules (this runner) are
+skipped, and the harness is a package of its own. A benchmark that fails to import is
+reported as failed. Each benchmark runs in turn,
 in this process; then the runner writes, into ``--out`` (bench/results, or
 bench/results/smoke for the smoke scale):
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from figures import SCALES, Result, check_scale
+from bench.harness.results import SCALES, Result, check_scale
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -69,11 +70,11 @@ class Outcome:
 
 def discover(directory: Path = BENCH) -> list[str]:
     """Modules of ``directory`` that define ``benchmark(...)`` at the top level, by name; read
-    as text, so helpers are never imported for nothing."""
+    as text, so that nothing is imported for nothing."""
     return sorted(
         path.stem
         for path in directory.glob("*.py")
-        if path.stem != "run" and ENTRY.search(path.read_text(errors="replace"))
+        if path.stem not in ("run", "__init__") and ENTRY.search(path.read_text(errors="replace"))
     )
 
 
@@ -82,7 +83,7 @@ def run_one(name: str, scale: str) -> Outcome:
     print(f"\n==== {name} ({scale}) ====", flush=True)
     started = time.monotonic()
     try:
-        module = importlib.import_module(name)
+        module = importlib.import_module(f"bench.{name}")
         outcome.results = list(module.benchmark(scale))
         if not outcome.results:
             outcome.error = "the benchmark returned no figures"

@@ -1,7 +1,7 @@
 """Benchmark of scale-out: the partial-computation stage on one Spark worker against two.
 
-    python bench/scaleout.py [--rows 2000000] [--run-rows 50000] [--batch-rows 500000]
-                             [--rounds 2] [--no-local] [--json-out PATH]
+    python -m bench.scaleout [--rows 2000000] [--run-rows 50000] [--batch-rows 500000]
+                               [--rounds 2] [--no-local] [--json-out PATH]
 
 The stage: Spark computing the partial rows of a batch of runs for three derived streams
 (per campaign and minute: count, revenue, average price; per user bucket and hour: count,
@@ -49,9 +49,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from figures import Result, check_scale  # bench/figures.py, next to this script
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from bench.harness.errors import BenchError
+from bench.harness.results import Result, check_scale
+from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
 from rewriter.naming import RUN_COLUMN
 from server.ingest.parse import arrow_schema
 
@@ -74,10 +75,7 @@ DERIVED_SQL = [
 DAY_START_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
 DAY_US = 86_400_000_000
 CLUSTER_WORKERS = 2
-
-
-class BenchError(Exception):
-    """The benchmark could not produce its figure (wrong results, a cluster that failed)."""
+ROOT = Path(__file__).resolve().parent.parent  # where ``python -m bench.scaleout`` runs
 
 
 @dataclass
@@ -153,12 +151,12 @@ def _batch(runs: list[pa.Table], indices: list[int], directory: Path) -> Batch:
     return Batch(files, pa.concat_tables([runs[i] for i in indices]))
 
 
-def plans() -> list[DerivedStreamPlan]:
+def plans() -> list[ParallelAggregatePlan]:
     raw = rewrite(RAW_SQL, {})
     out = []
     for statement in DERIVED_SQL:
         plan = rewrite(statement, {RAW: raw})
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         out.append(plan)
     return out
 
@@ -319,13 +317,15 @@ SCALES = {
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py): runs this script as a child process, so
-    that its Spark driver (and the environment Spark sets up) stays out of the runner's."""
+    """bench/run.py's entry (see bench.harness.results): runs this module as a child
+    process, so that its Spark driver (and the environment Spark sets up) stays out of the
+    runner's."""
     arguments = SCALES[check_scale(scale)]
     with tempfile.TemporaryDirectory(prefix="strata-scaleout-") as directory:
         out = Path(directory) / "results.json"
         done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *arguments, "--json-out", str(out)],
+            [sys.executable, "-m", "bench.scaleout", *arguments, "--json-out", str(out)],
+            cwd=ROOT,
             check=False,
         )
         if done.returncode != 0 or not out.exists():

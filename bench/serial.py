@@ -1,12 +1,12 @@
 """Benchmark of serial streams: query time of a serial (SP) view before and after its
 windows are materialized, against a plain table of its results.
 
-    python bench/serial.py [--groups 1000] [--repeat 5]
+    python -m bench.serial [--groups 1000] [--repeat 5]
 
 What it does, in one process:
 
 1. starts an embedded PostgreSQL in a temporary dir (or uses ``STRATA_DATABASE_URL``) and
-   applies the migrations;
+   applies the migrations (bench.harness.database);
 2. registers three streams in the catalog as `POST /streams` would (their SQL, their
    PostgreSQL objects): the raw stream ``ev``, ``per_minute`` (count per campaign and
    minute, parallel) and ``top_per_5`` (the largest per-campaign count of each 5 minutes:
@@ -26,22 +26,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
-import statistics
-import tempfile
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
-from figures import Result, check_scale  # bench/figures.py, next to this script
-from ingest import BenchError  # bench/ingest.py
-from reduce import measure, timed
 
+from bench.harness.database import measure, scratch_database
+from bench.harness.errors import BenchError
+from bench.harness.results import Result, check_scale, timed
 from rewriter import rewrite
 from rewriter.plan import StreamPlan
-from server.catalog import PlanCache, create_catalog_engine, migrate
-from server.engines.embedded_pg import EmbeddedPostgres
+from server.catalog import PlanCache, create_catalog_engine
 from server.workers.serial import Materializer
 
 DAY = datetime(2024, 6, 1, tzinfo=UTC)
@@ -92,43 +86,32 @@ def load(conn: psycopg.Connection, groups: int) -> None:
 
 
 def run_benchmark(args: argparse.Namespace) -> list[Result]:
-    external = os.environ.get("STRATA_DATABASE_URL")
-    data_dir = None if external else Path(tempfile.mkdtemp(prefix="strata-bench-serial-"))
-    server = EmbeddedPostgres(data_dir / "postgres") if data_dir else None
-    try:
-        url = external or server.start()  # type: ignore[union-attr]
-        engine = create_catalog_engine(url)
-        migrate(engine)
-        with psycopg.connect(url, autocommit=True) as conn:
-            register(conn)
-            load(conn, args.groups)
-            conn.execute("CREATE TABLE plain_top AS SELECT * FROM top_per_5")
-            conn.execute("CREATE INDEX plain_top_t ON plain_top (t)")
-            conn.execute("VACUUM ANALYZE plain_top")
-            before = {
-                q: measure(conn, s.format(table="top_per_5"), args.repeat)
-                for q, s in QUERIES.items()
-            }
+    with (
+        scratch_database("strata-bench-serial-") as database,
+        psycopg.connect(database.url, autocommit=True) as conn,
+    ):
+        register(conn)
+        load(conn, args.groups)
+        conn.execute("CREATE TABLE plain_top AS SELECT * FROM top_per_5")
+        conn.execute("CREATE INDEX plain_top_t ON plain_top (t)")
+        conn.execute("VACUUM ANALYZE plain_top")
+        before = {
+            q: measure(conn, s.format(table="top_per_5"), args.repeat) for q, s in QUERIES.items()
+        }
+        engine = create_catalog_engine(database.url)
+        try:
             worker = Materializer(engine, PlanCache(), batch=1000)
             (_, seconds) = timed(lambda: [worker.run_once() for _ in range(3)])
-            conn.execute("VACUUM ANALYZE strata_internal.top_per_5__serial")
-            windows = conn.execute(
-                "SELECT count(*) FROM strata_internal.top_per_5__serial"
-            ).fetchone()
-            after = {
-                q: measure(conn, s.format(table="top_per_5"), args.repeat)
-                for q, s in QUERIES.items()
-            }
-            plain = {
-                q: measure(conn, s.format(table="plain_top"), args.repeat)
-                for q, s in QUERIES.items()
-            }
-        engine.dispose()
-    finally:
-        if server is not None:
-            server.stop()
-        if data_dir is not None:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        finally:
+            engine.dispose()
+        conn.execute("VACUUM ANALYZE strata_internal.top_per_5__serial")
+        windows = conn.execute("SELECT count(*) FROM strata_internal.top_per_5__serial").fetchone()
+        after = {
+            q: measure(conn, s.format(table="top_per_5"), args.repeat) for q, s in QUERIES.items()
+        }
+        plain = {
+            q: measure(conn, s.format(table="plain_top"), args.repeat) for q, s in QUERIES.items()
+        }
     for query in QUERIES:
         if not (before[query].result == after[query].result == plain[query].result):
             raise BenchError(f"{query}: the view before, after and the plain table disagree")
@@ -136,7 +119,7 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
     results = []
     for query in QUERIES:
         medians = {
-            name: statistics.median(m[query].seconds) * 1000
+            name: m[query].median_ms
             for name, m in (("before", before), ("after", after), ("plain", plain))
         }
         print(f"{query}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()))
@@ -162,7 +145,7 @@ SCALES = {"smoke": ["--groups", "20", "--repeat", "2"], "full": []}
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench/figures.py)."""
+    """bench/run.py's entry (see bench.harness.results)."""
     logging.basicConfig(level=logging.WARNING)
     return run_benchmark(_parser().parse_args(SCALES[check_scale(scale)]))
 

@@ -1,14 +1,15 @@
 """Soak: a sustained ingest of on-time and late runs while clients query the views.
 
-    python bench/soak.py [--minutes 10] [--writers 4] [--readers 10] [--run-rows 5000]
+    python -m bench.soak [--minutes 10] [--writers 4] [--readers 10] [--run-rows 5000]
                          [--late 0.3] [--sample 30] [--keep]
 
 What it does, in one process tree:
 
 1. starts ``strata up`` as a real subprocess on a free port and a temporary data dir
-   (embedded PostgreSQL, local Spark; helpers of bench/ingest.py) and creates the raw
-   stream ``impsns`` and the derived streams of bench/ingest.py (1-minute count and revenue
-   per campaign; 5-minute average and maximum price per campaign); one untimed run into
+   (embedded PostgreSQL, local Spark; bench.harness.server) and creates the raw stream
+   ``impsns`` and the derived streams of the ad-impression workload (bench.harness.
+   impressions: 1-minute count and revenue per campaign; 5-minute average and maximum
+   price per campaign); one untimed run into
    streams of the same shape warms the Spark JVM up;
 2. for ``--minutes``, ``--writers`` client threads post CSV runs of ``--run-rows`` rows back
    to back with ``wait=true`` (a request's latency is the time until its run is committed).
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -45,22 +45,27 @@ from pathlib import Path
 import httpx
 import psutil
 import psycopg
-from ingest import (  # bench/ingest.py, next to this script
+
+from bench.harness.errors import BenchError
+from bench.harness.impressions import (
+    CAMPAIGNS,
     HEADER,
     RAW,
-    BenchError,
+    create_streams,
+    impression,
+    oracle_problems,
+)
+from bench.harness.percentile import percentile
+from bench.harness.server import (
     Server,
     clean_up,
-    create_streams,
     log_problems,
-    oracle_problems,
     start_server,
+    stop_problems,
     stop_server,
 )
-
 from server.engines.spark import driver_jvm
 
-CAMPAIGNS = [f"campaign_{i:03d}" for i in range(100)]
 WARM_UP = "warmup"
 EVENT_START = datetime(2024, 6, 1, 6, tzinfo=UTC)
 EVENT_SPEED = 60  # event-time seconds per wall-clock second
@@ -163,11 +168,7 @@ def _body(rng: random.Random, rows: int, now: datetime, late: bool) -> bytes:
     lines = [HEADER]
     for _ in range(rows):
         t = now - span * rng.random()
-        cents = rng.randrange(1, 50_000)
-        lines.append(
-            f"{rng.choice(CAMPAIGNS)},{rng.randrange(1, 10_000_000)},"
-            f"{cents // 10_000}.{cents % 10_000:04d},{t.isoformat()}\n"
-        )
+        lines.append(impression(rng, t.isoformat()))
     return "".join(lines).encode()
 
 
@@ -237,10 +238,8 @@ def _rss_mb(process: psutil.Process | None) -> float | None:
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The percentile (bench.harness.percentile) of ``values``; None when there are none."""
+    return percentile(values, q) if values else None
 
 
 def soak(url: str, database_url: str, server_pid: int, config: SoakConfig) -> SoakReport:
@@ -371,7 +370,7 @@ def print_report(report: SoakReport) -> None:
         f"\n{report.runs:,} runs ({report.late_runs:,} late), {report.rows:,} rows in "
         f"{report.seconds:.0f} s: {report.runs_per_s:.2f} runs/s, {report.rows_per_s:,.0f} "
         f"rows/s (per interval after the first: min {min(rates):,.0f}, median "
-        f"{statistics.median(rates):,.0f}, max {max(rates):,.0f}); ingest latency p50 "
+        f"{percentile(rates, 0.5):,.0f}, max {max(rates):,.0f}); ingest latency p50 "
         f"{report.latency_p50_s:.2f} s, p99 {report.latency_p99_s:.2f} s; {report.queries:,} "
         f"view queries, p50 {report.query_p50_ms:.1f} ms, p99 {report.query_p99_ms:.1f} ms; "
         f"failed requests {report.failed_requests}, failed queries {report.failed_queries}; "
@@ -398,8 +397,7 @@ def run(args: argparse.Namespace) -> int:
         report = soak(server.url, server.database_url, server.process.pid, config)
         print_report(report)
         code, _seconds = stop_server(server)
-        if code != 0:
-            report.problems.append(f"exit code {code} after SIGTERM")
+        report.problems += stop_problems(code)
         trouble = log_problems(server)
         if trouble:
             print(f"\nserver log: {len(trouble)} warning/error lines, e.g.:")

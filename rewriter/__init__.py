@@ -1,7 +1,25 @@
 """Strata's query rewriter: pure functions from CREATE STREAM SQL to immutable plans."""
 
 from rewriter.errors import StrataError
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
+from rewriter.plan import (
+    ParallelAggregatePlan,
+    Parallelism,
+    ProjectionStreamPlan,
+    RawStreamPlan,
+    SerialAggregatePlan,
+    StreamPlan,
+    WindowedAggregatePlan,
+)
 from rewriter.rewrite import rewrite
 
-__all__ = ["DerivedStreamPlan", "RawStreamPlan", "StrataError", "StreamPlan", "rewrite"]
+__all__ = [
+    "ParallelAggregatePlan",
+    "Parallelism",
+    "ProjectionStreamPlan",
+    "RawStreamPlan",
+    "SerialAggregatePlan",
+    "StrataError",
+    "StreamPlan",
+    "WindowedAggregatePlan",
+    "rewrite",
+]

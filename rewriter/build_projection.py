@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import create_view, drop, table
+from rewriter.ddl import create_view, drop, table
+from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import ProjectionBranch, ProjectionStreamPlan, RawStreamPlan, StreamPlan
-from rewriter.split_aggregates import check_clauses, output_name
 from rewriter.types import ColumnSpec
 
 

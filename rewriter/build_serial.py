@@ -17,12 +17,18 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import create_index, create_view, drop, table
+from rewriter.ddl import create_index, create_view, drop, table
+from rewriter.derived_select import output_name
 from rewriter.errors import UnsupportedSQL
-from rewriter.plan import DerivedStreamPlan, OutputColumn, RawStreamPlan, SerialStatements
+from rewriter.plan import (
+    OutputColumn,
+    RawStreamPlan,
+    SerialAggregatePlan,
+    SerialStatements,
+    WindowedAggregatePlan,
+)
 from rewriter.registry import exact_in_postgres
 from rewriter.resolve_window import WindowSpec, interval_text
-from rewriter.split_aggregates import output_name
 
 
 def _interval(size_us: int) -> exp.Interval:
@@ -33,7 +39,7 @@ def _source_window_start(window: WindowSpec) -> exp.Expr:
     """Each source row's time, moved to the start of its source window."""
     source = window.source
     column = exp.column(window.time_column, table="src", quoted=True)
-    if isinstance(source, DerivedStreamPlan):
+    if isinstance(source, WindowedAggregatePlan):
         output = source.output(window.time_column)
         if output is not None and output.role == "window_end":
             return exp.Sub(this=column, expression=_interval(source.window_size_us))
@@ -85,7 +91,7 @@ def _groups_by_window(select: exp.Select) -> bool:
 
 def build_serial(
     name: str, select: exp.Select, window: WindowSpec, reason: str
-) -> DerivedStreamPlan:
+) -> SerialAggregatePlan:
     if window.is_hop:
         raise UnsupportedSQL(f"HOP windows are not supported in a serial stream ({reason})")
     if not _groups_by_window(select):
@@ -205,33 +211,24 @@ def build_serial(
     create_archive = exp.Create(
         this=archive.copy(), kind="TABLE", expression=per_window.copy().limit(0)
     ).sql("postgres")
-    archive_index = create_index(
-        f"{naming.serial_archive_table(name)}_window", archive, [window_column.copy()]
-    )
+    archive_index = create_index(naming.serial_window_index(name), archive, [window_column.copy()])
     source = window.source
     raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
-    return DerivedStreamPlan(
+    return SerialAggregatePlan(
         name=name,
         source=source.name,
         window=window.describe(),
         window_size_us=window.size_us,
         window_slide_us=window.slide_us,
         pane_us=window.pane_us,
-        parallelism="SP",
         parallelism_reason=f"serial: {reason}",
-        partial_query="",
-        partial_input="",
-        partial_columns=(),
         create_statements=(create_archive, archive_index, create_view(name, view)),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
             drop("TABLE", archive.copy()),
         ),
-        reduce_query="",
-        reduce_statement="",
         view_query=view.sql("postgres"),
         outputs=tuple(outputs),
-        aggregates=(),
         raw_sources=raw_sources,
         serial=serial,
     )

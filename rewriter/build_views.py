@@ -7,16 +7,17 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_archive import column_def, create_index, create_table, create_view, drop, table
+from rewriter.ddl import column_def, create_index, create_table, create_view, drop, table
 from rewriter.plan import (
     AggregateState,
-    DerivedStreamPlan,
     OutputColumn,
+    ParallelAggregatePlan,
     PlannedAggregate,
     ProjectionStreamPlan,
+    WindowedAggregatePlan,
 )
 from rewriter.resolve_window import WindowSpec
-from rewriter.split_aggregates import SplitQuery
+from rewriter.split_query import SplitQuery
 
 
 def window_start_spark(time_column: str, size_us: int) -> exp.Expr:
@@ -189,7 +190,7 @@ def _null_safe_match(column: str) -> list[exp.Expression]:
     ]
 
 
-def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStreamPlan:
+def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAggregatePlan:
     archive = table(naming.partial_archive_table(name))
     partial_columns = _partial_columns(split)
     create_archive = create_table(
@@ -199,12 +200,10 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
             for c, t in partial_columns
         ],
     )
-    index = create_index(
-        f"{naming.partial_archive_table(name)}_window", archive, _group_columns(split)
-    )
+    index = create_index(naming.partial_window_index(name), archive, _group_columns(split))
     view = view_query(name, split, window)
     source = window.source
-    if isinstance(source, DerivedStreamPlan):
+    if isinstance(source, WindowedAggregatePlan):
         raw_sources = source.raw_sources
         input_view = naming.partial_view(source.name)
         time_column = naming.WINDOW_START_COLUMN  # the lower window's start places it
@@ -228,14 +227,13 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> DerivedStre
             "every aggregate is decomposable (partial per run in Spark, final on read in "
             "PostgreSQL)"
         )
-    return DerivedStreamPlan(
+    return ParallelAggregatePlan(
         name=name,
         source=source.name,
         window=window.describe(),
         window_size_us=window.size_us,
         window_slide_us=window.slide_us,
         pane_us=window.pane_us,
-        parallelism="PP",
         parallelism_reason=reason,
         partial_query=partial_query(split, input_view, time_column, window.pane_us),
         partial_input=input_view,

@@ -1,15 +1,32 @@
-"""The immutable plans the rewriter returns; the server only executes them."""
+"""The immutable plans the rewriter returns; the server only executes them.
+
+A StreamPlan is one of four kinds, each its own type: a raw stream, a projection, and a
+windowed aggregate that is either parallel (PP) or serial (SP). Ask which with isinstance;
+a kind has only the fields it uses.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
 
 from rewriter.types import ColumnSpec
+
+
+class Parallelism(StrEnum):
+    """How a derived stream is computed (DESIGN.md): per run and merged (PP), or from final
+    values at a gather point (SP)."""
+
+    PARALLEL = "PP"
+    SERIAL = "SP"
 
 
 @dataclass(frozen=True)
 class RawStreamPlan:
     """A raw stream: its schema and the PostgreSQL objects that archive it."""
+
+    kind: ClassVar[str] = "raw"
 
     name: str
     columns: tuple[ColumnSpec, ...]
@@ -22,8 +39,7 @@ class RawStreamPlan:
     # Raw rows older than this (by event time) are dropped from the raw archive by the
     # retention worker, with retention_statement (parameters cutoff, max_rows); 0 = kept.
     retention_us: int = 0
-    retention_statement: str = ""
-    kind: str = field(default="raw", init=False)
+    retention_statement: str | None = None
 
     def column(self, name: str) -> ColumnSpec | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -76,9 +92,12 @@ class SerialStatements:
 
 
 @dataclass(frozen=True)
-class DerivedStreamPlan:
-    """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL) parts,
-    or, for a serial (SP) stream, a view over the consolidated source."""
+class WindowedAggregatePlan:
+    """What every windowed aggregate stream has, parallel or serial: its source and window,
+    its view and the columns the view shows. The plans are its two kinds below."""
+
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism]
 
     name: str
     source: str
@@ -86,38 +105,48 @@ class DerivedStreamPlan:
     window_size_us: int
     window_slide_us: int  # == window_size_us for TUMBLE
     pane_us: int  # partials are kept per pane: gcd(slide, size)
-    parallelism: str  # "PP" (parallel, partial/reduce/final) or "SP" (serial)
     parallelism_reason: str
-    # Spark SQL over partial_input (a batch of runs' rows, or the partial rows of the source
-    # stream for a roll-up), one row per run, pane and group. Empty for SP streams.
-    partial_query: str
-    partial_input: str
-    partial_columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type) of the archive
-    create_statements: tuple[str, ...]  # PostgreSQL: partial archive table, view
+    create_statements: tuple[str, ...]  # PostgreSQL: the archive table, its index, the view
     drop_statements: tuple[str, ...]
-    reduce_query: str  # PostgreSQL: partial rows -> one partial row per pane and group
-    # PostgreSQL DML of the reducer (parameters min_rows, max_groups); empty for SP streams.
-    reduce_statement: str
-    view_query: str  # PostgreSQL: the view's SELECT (final aggregates on read)
+    view_query: str  # PostgreSQL: the view's SELECT
     outputs: tuple[OutputColumn, ...]
-    aggregates: tuple[PlannedAggregate, ...]
     raw_sources: tuple[str, ...]  # the raw streams whose runs feed this stream
-    # Serial streams only (empty for PP): PostgreSQL statements of the workers that
-    # materialize closed windows into the stream's archive and repair them after late data.
-    # They read their parameters from transaction-local settings (naming.SERIAL_*_SETTING).
-    serial: SerialStatements | None = None
-    kind: str = field(default="derived", init=False)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
         return (self.source,)
 
-    @property
-    def is_parallel(self) -> bool:
-        return self.parallelism == "PP"
-
     def output(self, name: str) -> OutputColumn | None:
         return next((o for o in self.outputs if o.name == name), None)
+
+
+@dataclass(frozen=True)
+class ParallelAggregatePlan(WindowedAggregatePlan):
+    """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL)
+    parts: partial rows per run in the partial archive, final aggregates on read."""
+
+    parallelism: ClassVar[Parallelism] = Parallelism.PARALLEL
+
+    # Spark SQL over partial_input (a batch of runs' rows, or the partial rows of the source
+    # stream for a roll-up), one row per run, pane and group.
+    partial_query: str
+    partial_input: str
+    partial_columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type) of the archive
+    reduce_query: str  # PostgreSQL: partial rows -> one partial row per pane and group
+    reduce_statement: str  # PostgreSQL DML of the reducer (parameters min_rows, max_groups)
+    aggregates: tuple[PlannedAggregate, ...]
+
+
+@dataclass(frozen=True)
+class SerialAggregatePlan(WindowedAggregatePlan):
+    """A stream with a gather point: the query as written over the consolidated source,
+    its closed windows materialized into the stream's archive and repaired after late data
+    by the workers, with the ``serial`` statements. Those read their parameters from
+    transaction-local settings (naming.SERIAL_*_SETTING)."""
+
+    parallelism: ClassVar[Parallelism] = Parallelism.SERIAL
+
+    serial: SerialStatements
 
 
 @dataclass(frozen=True)
@@ -135,6 +164,10 @@ class ProjectionStreamPlan:
     raw streams. In PostgreSQL it is a view over the raw views; aggregates over it are
     computed per run of each source through its branch."""
 
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism] = Parallelism.PARALLEL
+    parallelism_reason: ClassVar[str] = "no aggregates: each source's runs are mapped row by row"
+
     name: str
     columns: tuple[ColumnSpec, ...]
     event_time: str
@@ -142,7 +175,6 @@ class ProjectionStreamPlan:
     create_statements: tuple[str, ...]
     drop_statements: tuple[str, ...]
     view_query: str
-    kind: str = field(default="derived", init=False)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
@@ -158,4 +190,4 @@ class ProjectionStreamPlan:
 
 # A stream a window can read rows from: declared columns and an event-time column.
 RowStreamPlan = RawStreamPlan | ProjectionStreamPlan
-StreamPlan = RawStreamPlan | DerivedStreamPlan | ProjectionStreamPlan
+StreamPlan = RawStreamPlan | ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan

@@ -4,7 +4,8 @@ seeds/003: an aggregate is split into a *partial* aggregate computed per run (he
 a *reduce* aggregate (partial state -> partial state, PostgreSQL) and a *final* aggregate
 (partial state -> answer, PostgreSQL, in the consolidating view). State columns are plain,
 documented columns of the partial archive, never opaque blobs. The reduce and final forms
-that PostgreSQL lacks are defined in sql/002_aggregates.sql.
+that PostgreSQL lacks are defined in sql/002_aggregates.sql; the Spark side of the states
+that are more than one plain aggregate (sets, sketches, moments) in rewriter/sketches.py.
 
 | aggregate | state column = partial (Spark) | reduce (PostgreSQL) | final (PostgreSQL, in the view) | result, error |
 |---|---|---|---|---|
@@ -50,23 +51,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
-import sqlglot
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
+from rewriter.sketches import (
+    DDSKETCH_ALPHA,
+    ddsketch_partial,
+    kmv_partial,
+    moments_partial,
+    moments_type,
+    sum_input,
+    value_set_partial,
+    value_set_type,
+)
 from rewriter.types import SqlType
-
-# KMV sketch size (sql/002_aggregates.sql spells the same number).
-KMV_K = 1024
-# DDSketch relative accuracy, ln(gamma) for gamma = (1 + alpha) / (1 - alpha), the offset of
-# the bucket indexes and their cap (beyond any finite double: the infinities). The SQL file
-# spells the same constants; tests check that both engines bucket alike.
-DDSKETCH_ALPHA = 0.01
-DDSKETCH_LN_GAMMA = 0.020000666706669435
-DDSKETCH_OFFSET = 100000
-DDSKETCH_MAX_INDEX = 40000
 
 
 @dataclass(frozen=True)
@@ -109,33 +108,6 @@ def _arg(arg: exp.Expr | None) -> exp.Expr:
 def _type(arg_type: SqlType | None) -> SqlType:
     assert arg_type is not None
     return arg_type
-
-
-@cache
-def _parsed_template(template: str) -> exp.Expr:
-    return sqlglot.parse_one(template, read="spark")
-
-
-def _spark(template: str, **values: exp.Expr) -> exp.Expr:
-    """A Spark expression from a template whose :name placeholders take ``values``."""
-
-    def fill(node: exp.Expr) -> exp.Expr:
-        if isinstance(node, exp.Placeholder):
-            return values[node.name].copy()
-        return node
-
-    return _parsed_template(template).copy().transform(fill)
-
-
-def _sum_input(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
-    # Spark sums bigint in bigint and overflows; PostgreSQL sums bigint in numeric. Sum in
-    # decimal(38,0) instead, which is exact for any realistic run.
-    value = _arg(arg)
-    if arg_type is not None and arg_type.name == "bigint":
-        return exp.cast(value, "decimal(38,0)")
-    if arg_type is not None and arg_type.is_float:
-        return exp.cast(value, "double")
-    return value
 
 
 def _sum_type(arg_type: SqlType | None) -> str:
@@ -184,6 +156,10 @@ _COUNT_STATE = StateSpec(
     lambda _t: "bigint",
 )
 
+_SUM_STATE = StateSpec(
+    "sum", lambda a, t: exp.Sum(this=sum_input(_arg(a), t)), "sum", _sum_state_type
+)
+
 
 def _is_number(t: SqlType) -> bool:
     return t.is_number
@@ -201,113 +177,12 @@ def _any(_t: SqlType) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------
-# Partial states as PostgreSQL literals. Spark cannot hand arrays to COPY, so a state that
-# is an array (or a jsonb object) leaves Spark as the text PostgreSQL reads it from.
-# ---------------------------------------------------------------------------------------
-
-
-def _pg_array(elements: exp.Expr) -> exp.Expr:
-    """PostgreSQL's literal of a Spark array<string> of (already quoted) elements."""
-    return _spark("concat('{', array_join(:elements, ','), '}')", elements=elements)
-
-
-# Where x * x fits Spark's 38 digits with room to sum 10^10 rows, Sxx is summed directly.
-_DIRECT_SQUARE_DIGITS = 13
-_LIMB_DIGITS = 13
-
-
-def _exact_sum_of_squares(x: exp.Expr, arg_type: SqlType) -> exp.Expr:
-    """sum(x * x), exactly, as the text of a PostgreSQL numeric at twice x's scale.
-
-    Squares of bigint and wide numeric values need up to 77 digits: the unscaled digits of
-    |x| are cut into 13-digit limbs, the limb products summed per power of 10^13 (each sum
-    stays far below 10^38) and the sums carried into one digit string, 'E-<2 * scale>'.
-    """
-    if arg_type.name in ("smallint", "integer") or (
-        arg_type.is_numeric
-        and arg_type.precision is not None
-        and arg_type.precision <= _DIRECT_SQUARE_DIGITS
-    ):
-        if arg_type.is_numeric:
-            exact = f"decimal({arg_type.precision},{arg_type.scale or 0})"
-        else:
-            exact = "decimal(10,0)"
-        value = exp.cast(x, exact)
-        return _spark("CAST(sum(:x * :x) AS STRING)", x=value)
-    limbs = 2 if arg_type.name == "bigint" else 3  # 19 or up to 38 digits
-    digits = _spark(
-        f"lpad(translate(CAST(:x AS STRING), '-.', ''), {limbs * _LIMB_DIGITS}, '0')", x=x
-    )
-
-    def limb(i: int) -> exp.Expr:  # limb 0 is the least significant
-        start = (limbs - 1 - i) * _LIMB_DIGITS + 1
-        return _spark(
-            f"CAST(substr(:digits, {start}, {_LIMB_DIGITS}) AS DECIMAL({_LIMB_DIGITS},0))",
-            digits=digits,
-        )
-
-    sums: list[exp.Expr] = []
-    for power in range(2 * limbs - 1):
-        terms: list[exp.Expr] = []
-        for i in range(limbs):
-            j = power - i
-            if i <= j < limbs:
-                product: exp.Expr = exp.Mul(this=limb(i), expression=limb(j))
-                if i != j:
-                    product = exp.Mul(this=exp.Literal.number(2), expression=product)
-                terms.append(product)
-        total = terms[0]
-        for term in terms[1:]:
-            total = exp.Add(this=total, expression=term)
-        sums.append(exp.Sum(this=total))
-    if arg_type.is_numeric:
-        # The scale of x's Spark type (a numeric expression's scale is PostgreSQL's too),
-        # inside an aggregate as the query is grouped.
-        scale = _spark("substring_index(substring_index(max(typeof(:x)), ',', -1), ')', 1)", x=x)
-        exponent = _spark("CAST(2 * CAST(:scale AS INT) AS STRING)", scale=scale)
-    else:
-        exponent = exp.Literal.string("0")
-    # Carry the sums (least significant first) into one digit string: each step keeps the
-    # low 13 digits of sum + carry and carries the rest (all parts are non-negative).
-    return _spark(
-        "aggregate(:sums, named_struct('carry', CAST(0 AS DECIMAL(38,0)), 'digits', ''), "
-        "(acc, part) -> named_struct("
-        "'carry', CAST(substr(concat('0000000000000', CAST(part + acc.carry AS STRING)), 1, "
-        "length(concat('0000000000000', CAST(part + acc.carry AS STRING))) - 13) "
-        "AS DECIMAL(38,0)), "
-        "'digits', concat(substr(concat('0000000000000', CAST(part + acc.carry AS STRING)), "
-        "-13), acc.digits)), "
-        "acc -> concat(CAST(acc.carry AS STRING), acc.digits, 'E-', :exponent))",
-        sums=exp.Array(expressions=sums),
-        exponent=exponent,
-    )
-
-
-def _moments_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
-    x, sql_type = _arg(arg), _type(arg_type)
-    if sql_type.is_float:
-        # PostgreSQL's float8 state {N, Sx, Sxx}, Sxx the sum of squared deviations from the
-        # mean: Spark's var_pop is computed stably (Welford), times N gives it back.
-        return _spark(
-            "concat('{', CAST(count(:x) AS STRING), ',', CAST(sum(:x) AS STRING), ',', "
-            "CAST(var_pop(:x) * count(:x) AS STRING), '}')",
-            x=exp.cast(x, "double"),
-        )
-    # NULL (no row) when sum(x) is NULL, like PostgreSQL's state.
-    return _spark(
-        "concat('{', CAST(count(:x) AS STRING), ',', CAST(sum(:sx) AS STRING), ',', :sxx, '}')",
-        x=x,
-        sx=_sum_input(x, sql_type),
-        sxx=_exact_sum_of_squares(x, sql_type),
-    )
-
-
-def _moments_type(arg_type: SqlType | None) -> str:
-    return "double precision[]" if _type(arg_type).is_float else "numeric[]"
-
-
-_MOMENTS_STATE = StateSpec("moments", _moments_partial, "strata_moments_merge", _moments_type)
+_MOMENTS_STATE = StateSpec(
+    "moments",
+    lambda a, t: moments_partial(_arg(a), _type(t)),
+    "strata_moments_merge",
+    lambda t: moments_type(_type(t)),
+)
 
 
 def _moments_rule(name: str, final_function: str) -> AggregateRule:
@@ -334,84 +209,6 @@ def _bool_rule(name: str, state_name: str, aggregate: type[exp.Func]) -> Aggrega
         result_type=lambda _t: "boolean",
         accepts=_is_boolean,
         accepts_text="boolean",
-    )
-
-
-def _comparable(x: exp.Expr, arg_type: SqlType) -> exp.Expr:
-    """x as Spark should compare it for distinctness the way PostgreSQL does."""
-    if arg_type.is_float:  # -0.0 = 0.0 in PostgreSQL; keep one of them
-        zero = exp.cast(exp.Literal.number(0), arg_type.spark())
-        return exp.If(this=exp.EQ(this=x.copy(), expression=zero), true=zero.copy(), false=x.copy())
-    return x
-
-
-def _set_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
-    x, sql_type = _arg(arg), _type(arg_type)
-    if sql_type.name == "text":
-        # Quote every element: "..." with backslash and double quote escaped.
-        elements = _spark(
-            "transform(collect_set(:x), v -> concat('\"', "
-            "replace(replace(v, :backslash, :two_backslashes), '\"', :escaped_quote), '\"'))",
-            x=x,
-            backslash=exp.Literal.string("\\"),
-            two_backslashes=exp.Literal.string("\\\\"),
-            escaped_quote=exp.Literal.string('\\"'),
-        )
-        return _pg_array(elements)
-    if sql_type.name == "date":
-        values = _spark("collect_set(unix_date(:x))", x=x)
-    elif sql_type.is_temporal:
-        values = _spark("collect_set(unix_micros(CAST(:x AS TIMESTAMP)))", x=x)
-    else:
-        values = exp.ArrayUniqueAgg(this=_comparable(x, sql_type))
-    return _pg_array(_spark("CAST(:collected AS ARRAY<STRING>)", collected=values))
-
-
-def _set_type(arg_type: SqlType | None) -> str:
-    sql_type = _type(arg_type)
-    if sql_type.name == "date":
-        return "integer[]"
-    if sql_type.is_temporal:
-        return "bigint[]"
-    return f"{sql_type.name}[]"
-
-
-def _kmv_partial(arg: exp.Expr | None, arg_type: SqlType | None) -> exp.Expr:
-    x = _comparable(_arg(arg), _type(arg_type))
-    smallest = _spark(
-        f"slice(array_sort(collect_set(CASE WHEN :x IS NOT NULL THEN xxhash64(:x) END)), "
-        f"1, {KMV_K})",
-        x=x,
-    )
-    return _pg_array(_spark("CAST(:hashes AS ARRAY<STRING>)", hashes=smallest))
-
-
-def ddsketch_bucket(x: exp.Expr) -> exp.Expr:
-    """Spark: the DDSketch bucket of a double x (strata_ddsketch_bucket in sql/002)."""
-    ln_gamma = f"CAST({DDSKETCH_LN_GAMMA!r} AS DOUBLE)"
-    index = f"least(ceil(ln({{x}}) / {ln_gamma}), {DDSKETCH_MAX_INDEX})"
-    return _spark(
-        f"CASE WHEN :x > 0 THEN {DDSKETCH_OFFSET} + {index.format(x=':x')} "
-        f"WHEN :x < 0 THEN -{DDSKETCH_OFFSET} - {index.format(x='-:x')} "
-        "WHEN :x = 0 THEN 0 END",
-        x=x,
-    )
-
-
-def _ddsketch_partial(arg: exp.Expr | None, _arg_type: SqlType | None) -> exp.Expr:
-    bucket = ddsketch_bucket(exp.cast(_arg(arg), "double"))
-    # Run-length count of the sorted buckets without an O(n^2) step: the positions where a
-    # new bucket starts (and the end), then the differences of consecutive positions.
-    # element_at(transform(array(value), name -> ...), 1) binds a value to a name once.
-    return _spark(
-        "element_at(transform(array(array_sort(collect_list(:bucket))), buckets -> "
-        "element_at(transform(array(filter(transform(zip_with(buckets, "
-        "concat(array(NULL), buckets), (this, previous) -> this <=> previous), "
-        "(same, i) -> IF(same, -1, i)), i -> i >= 0)), starts -> "
-        "to_json(map_from_arrays(array_distinct(buckets), "
-        "filter(zip_with(slice(starts, 2, size(starts)), starts, "
-        "(following, start) -> following - start), n -> n IS NOT NULL)))), 1)), 1)",
-        bucket=bucket,
     )
 
 
@@ -464,9 +261,7 @@ REGISTRY: dict[str, AggregateRule] = {
     "sum": AggregateRule(
         name="sum",
         takes_star=False,
-        states=(
-            StateSpec("sum", lambda a, t: exp.Sum(this=_sum_input(a, t)), "sum", _sum_state_type),
-        ),
+        states=(_SUM_STATE,),
         final=lambda reduced, t: _cast(reduced[0], _sum_type(t)),
         result_type=_sum_type,
         accepts=_is_number,
@@ -494,7 +289,7 @@ REGISTRY: dict[str, AggregateRule] = {
         name="avg",
         takes_star=False,
         states=(
-            StateSpec("sum", lambda a, t: exp.Sum(this=_sum_input(a, t)), "sum", _sum_state_type),
+            _SUM_STATE,
             _COUNT_STATE,
         ),
         final=_avg_final,
@@ -513,7 +308,14 @@ REGISTRY: dict[str, AggregateRule] = {
     "count(DISTINCT)": AggregateRule(
         name="count(DISTINCT)",
         takes_star=False,
-        states=(StateSpec("set", _set_partial, "strata_set_union", _set_type),),
+        states=(
+            StateSpec(
+                "set",
+                lambda a, t: value_set_partial(_arg(a), _type(t)),
+                "strata_set_union",
+                lambda t: value_set_type(_type(t)),
+            ),
+        ),
         final=lambda reduced, _t: _cast(
             exp.func("coalesce", exp.func("cardinality", reduced[0]), exp.Literal.number(0)),
             "bigint",
@@ -525,7 +327,14 @@ REGISTRY: dict[str, AggregateRule] = {
     "approx_count_distinct": AggregateRule(
         name="approx_count_distinct",
         takes_star=False,
-        states=(StateSpec("kmv", _kmv_partial, "strata_kmv_union", lambda _t: "bigint[]"),),
+        states=(
+            StateSpec(
+                "kmv",
+                lambda a, t: kmv_partial(_arg(a), _type(t)),
+                "strata_kmv_union",
+                lambda _t: "bigint[]",
+            ),
+        ),
         final=lambda reduced, _t: _cast(exp.func("strata_kmv_estimate", reduced[0]), "bigint"),
         result_type=lambda _t: "bigint",
         accepts=_any,
@@ -535,7 +344,12 @@ REGISTRY: dict[str, AggregateRule] = {
         name="approx_percentile",
         takes_star=False,
         states=(
-            StateSpec("ddsketch", _ddsketch_partial, "strata_ddsketch_merge", lambda _t: "jsonb"),
+            StateSpec(
+                "ddsketch",
+                lambda a, _t: ddsketch_partial(_arg(a)),
+                "strata_ddsketch_merge",
+                lambda _t: "jsonb",
+            ),
         ),
         final=_percentile_final(0.5),  # the call's own p replaces it (parse_aggregate)
         result_type=lambda _t: "double precision",

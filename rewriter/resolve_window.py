@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter.errors import UnknownSource, UnsupportedSQL
-from rewriter.plan import DerivedStreamPlan, StreamPlan
+from rewriter.plan import StreamPlan, WindowedAggregatePlan
 from rewriter.positions import located
 
 _UNIT_US = {
@@ -156,7 +156,7 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
             f"{interval_text(slide_us)}"
         )
     _check_time_column(source, time_column, kind)
-    if isinstance(source, DerivedStreamPlan):
+    if isinstance(source, WindowedAggregatePlan):
         if kind == "HOP":
             raise UnsupportedSQL(
                 f"HOP over the derived stream {source_name!r} is not supported; use TUMBLE"
@@ -171,7 +171,7 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
 
 
 def _default_time_column(source: StreamPlan) -> str:
-    if not isinstance(source, DerivedStreamPlan):
+    if not isinstance(source, WindowedAggregatePlan):
         return source.event_time
     for role in ("window_end", "window_start"):
         column = next((o.name for o in source.outputs if o.role == role), None)
@@ -184,7 +184,7 @@ def _default_time_column(source: StreamPlan) -> str:
 
 
 def _check_time_column(source: StreamPlan, time_column: str, kind: str) -> None:
-    if not isinstance(source, DerivedStreamPlan):
+    if not isinstance(source, WindowedAggregatePlan):
         if time_column != source.event_time:
             raise UnsupportedSQL(
                 f"{kind} windows over the event-time column of {source.name!r}, "

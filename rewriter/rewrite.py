@@ -21,7 +21,7 @@ from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
 from rewriter.errors import UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
-from rewriter.plan import DerivedStreamPlan, StreamPlan
+from rewriter.plan import StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_rollup import GatherPoint, split_rollup
@@ -51,7 +51,7 @@ def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     try:
         if select.args.get("distinct"):
             raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")
-        if isinstance(window.source, DerivedStreamPlan):
+        if isinstance(window.source, WindowedAggregatePlan):
             split = split_rollup(select, window)
         else:
             split = split_aggregates(select, window)

@@ -18,20 +18,24 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
+from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
-from rewriter.plan import DerivedStreamPlan, OutputColumn, PlannedAggregate
+from rewriter.plan import (
+    OutputColumn,
+    ParallelAggregatePlan,
+    PlannedAggregate,
+    WindowedAggregatePlan,
+)
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.resolve_window import WindowSpec
-from rewriter.split_aggregates import (
+from rewriter.split_query import (
     FinalForms,
     GroupKey,
     SplitAggregate,
     SplitQuery,
     StateColumn,
-    check_clauses,
     group_by_keys,
-    output_name,
 )
 from rewriter.types import SqlType, sql_type_from_sqlglot
 
@@ -68,8 +72,8 @@ def _type(pg_type: str | None, column: str) -> SqlType:
 
 def split_rollup(select: exp.Select, window: WindowSpec) -> SplitQuery:
     lower = window.source
-    assert isinstance(lower, DerivedStreamPlan)
-    if not lower.is_parallel:
+    assert isinstance(lower, WindowedAggregatePlan)
+    if not isinstance(lower, ParallelAggregatePlan):
         raise GatherPoint(f"{lower.name!r} is a serial stream: only its final values exist")
     if lower.window_slide_us != lower.window_size_us:
         raise GatherPoint(f"{lower.name!r} has overlapping (HOP) windows")
@@ -107,7 +111,7 @@ class _RollupSplitter(FinalForms):
 
     def __init__(
         self,
-        lower: DerivedStreamPlan,
+        lower: ParallelAggregatePlan,
         outputs: dict[str, OutputColumn],
         key_outputs: dict[str, OutputColumn],
         key_schema: dict[str, SqlType],

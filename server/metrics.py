@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from psycopg import sql
 
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
-from rewriter.plan import DerivedStreamPlan
+from rewriter.plan import ParallelAggregatePlan
 from server import catalog
 from server.catalog import PlanCache
 
@@ -308,7 +308,7 @@ class CatalogCollector(Collector):
         streams = {
             partial_archive_table(name): name
             for name, record in self.plans.load(connection).items()
-            if isinstance(record.plan, DerivedStreamPlan)
+            if isinstance(record.plan, ParallelAggregatePlan)
         }
         if not streams:
             return family

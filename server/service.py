@@ -14,7 +14,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from psycopg import sql
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, rewrite
 from rewriter.errors import InvalidSQL
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, raw_archive_table
 from server import catalog
@@ -92,7 +92,7 @@ class StrataService:
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
                     _execute_plan_sql(connection, statement)
-                if isinstance(plan, DerivedStreamPlan) and plan.is_parallel:
+                if isinstance(plan, ParallelAggregatePlan):
                     self._plan_backfill(connection, plan)
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
@@ -120,7 +120,7 @@ class StrataService:
         if taken:
             raise StreamExists(f"a table or view named {name!r} already exists in PostgreSQL")
 
-    def _plan_backfill(self, connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+    def _plan_backfill(self, connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
         """Order the new stream against concurrent runs, then leave the history to the
         back-filler (server/workers/backfill.py).
 
@@ -163,7 +163,7 @@ class StrataService:
         with self.engine.connect() as connection:
             shown = stream_progress(connection, plan.name, sources[0])
             shown["backfill"] = backfill_progress(connection, plan.name)
-            if isinstance(plan, DerivedStreamPlan) and plan.serial is not None:
+            if isinstance(plan, SerialAggregatePlan):
                 shown["serial"] = serial_state(connection, plan.name)
             if len(sources) > 1:
                 marks = [stream_progress(connection, s, s)["watermark"] for s in sources]

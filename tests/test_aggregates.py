@@ -31,14 +31,14 @@ from sqlglot import exp
 
 from rewriter import rewrite
 from rewriter.errors import StrataError
-from rewriter.registry import (
+from rewriter.registry import exact_in_postgres
+from rewriter.sketches import (
     DDSKETCH_ALPHA,
     DDSKETCH_LN_GAMMA,
     DDSKETCH_MAX_INDEX,
     DDSKETCH_OFFSET,
     KMV_K,
     ddsketch_bucket,
-    exact_in_postgres,
 )
 from tests.conftest import Strata
 

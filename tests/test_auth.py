@@ -7,7 +7,6 @@ import hmac
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from server.api.app import create_app
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
 from server.engines.embedded_pg import EmbeddedPostgres
 from server.errors import ReaderRoleError, SecretSettingError
+from server.net import free_port
 from server.security import READER_ROLE, Scope, Tokens, configure_reader, redacted_url
 from server.settings import Settings
 from tests.conftest import Strata, new_database
@@ -484,9 +484,7 @@ def clean_env() -> dict[str, str]:
 @contextmanager
 def strata_up(data_dir: Path, env: dict[str, str], log: Path) -> Iterator[str]:
     """`strata up` as a subprocess, its output in `log`; yields its URL, stops it (SIGTERM)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     command = [sys.executable, "-m", "server.cli", "up", "--port", str(port)]
     with log.open("ab") as out:
         process = subprocess.Popen(

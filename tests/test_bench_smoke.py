@@ -4,33 +4,22 @@ into a temporary dir, never into the repository."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from bench import run as runner
+
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
 README = ROOT / "README.md"
 
 
-@pytest.fixture(scope="module")
-def runner() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # bench/run.py imports bench/figures.py as `figures`
-    try:
-        yield importlib.import_module("run")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-def test_discovery_and_the_readme_section(runner: ModuleType, tmp_path: Path) -> None:
+def test_discovery_and_the_readme_section(tmp_path: Path) -> None:
     assert {"ingest", "reduce", "backfill"} <= set(runner.discover())
-    assert not {"run", "figures"} & set(runner.discover())
+    assert not {"run", "__init__", "harness"} & set(runner.discover())
     (tmp_path / "helper.py").write_text("def helper() -> None: ...\n")
     (tmp_path / "mine.py").write_text("def benchmark(scale: str) -> list: ...\n")
     assert runner.discover(tmp_path) == ["mine"]
@@ -50,7 +39,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(README.read_text())
     out = tmp_path / "results"
-    command = [sys.executable, "bench/run.py", "--scale", "smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
     done = subprocess.run(
         [*command, "--readme", str(readme)], cwd=ROOT, capture_output=True, text=True
     )

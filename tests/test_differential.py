@@ -27,7 +27,7 @@ import pytest
 import sqlglot
 from pyspark.sql import SparkSession
 
-from rewriter import DerivedStreamPlan, RawStreamPlan, rewrite
+from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
 from rewriter.build_views import window_start_spark
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import to_spark
@@ -900,7 +900,7 @@ def consolidated(db_url: str, spark: SparkSession) -> dict[str, Consolidated]:
     plans = {}
     for sql_text in (AGG_SQL, KEY_SQL):
         plan = rewrite(sql_text, {SOURCE: source})
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         plans[plan.name] = plan
     partials = SparkBackend(spark).partials(_arrow_rows(), list(plans.values()), source=SOURCE)
     result = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 
 from server.engines.embedded_pg import POSTGRES_BIN_PATH
+from server.net import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -34,17 +34,11 @@ COUNT = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra_env = env or {}
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"strata-{self.port}.log"
         self.database_url = ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from rewriter import DerivedStreamPlan, rewrite
+from rewriter import ParallelAggregatePlan, rewrite
 from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
 from rewriter.parse_stream import DerivedStreamStatement, RawStreamStatement, parse_stream
 from rewriter.positions import line_and_column, located, position_of
@@ -169,7 +169,8 @@ def test_sugar_plans_like_the_standard_form() -> None:
             f"FROM {window} GROUP BY campaign, window_end",
             sources(),
         )
-        assert isinstance(sugar, DerivedStreamPlan)
+        assert isinstance(sugar, ParallelAggregatePlan)
+        assert isinstance(standard, ParallelAggregatePlan)
         assert sugar.view_query == standard.view_query
         assert sugar.partial_query == standard.partial_query
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import psycopg
 
-from rewriter.plan import DerivedStreamPlan
+from rewriter.plan import ParallelAggregatePlan
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
 
@@ -187,7 +187,7 @@ def test_null_keys_fold_and_the_fold_joins_on_every_key(strata: Strata) -> None:
 
     with strata.service.engine.connect() as catalog:
         plan = strata.service.plans.load(catalog)["nk_day"].plan
-    assert isinstance(plan, DerivedStreamPlan)
+    assert isinstance(plan, ParallelAggregatePlan)
     statement = plan.reduce_statement
     with psycopg.connect(strata.database_url) as connection:
         explained = "\n".join(

@@ -3,25 +3,17 @@ clients querying the views; throughput holds, memory stays flat, nothing is lost
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import soak
 from tests.test_e2e import Server
 
 pytestmark = pytest.mark.e2e
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
 
 def test_short_soak(tmp_path: Path) -> None:
-    sys.path.insert(0, str(BENCH))  # bench/soak.py imports bench/ingest.py as `ingest`
-    try:
-        soak = importlib.import_module("soak")
-    finally:
-        sys.path.remove(str(BENCH))
     server = Server(tmp_path / "data", env={"STRATA_REDUCE_INTERVAL": "2"})
     server.start()
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table, raw_archive_table
-from rewriter.plan import ProjectionStreamPlan, RawStreamPlan
+from rewriter.plan import ParallelAggregatePlan, ProjectionStreamPlan, RawStreamPlan
 from server.catalog import StreamRecord
 
 
@@ -35,8 +35,8 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "raw_sources": list(plan.raw_sources),
             "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
             "event_time": plan.event_time,
-            "parallelism": "PP",
-            "parallelism_reason": "no aggregates: each source's runs are mapped row by row",
+            "parallelism": plan.parallelism.value,
+            "parallelism_reason": plan.parallelism_reason,
             "rewrite": {
                 "view_sql": plan.view_query,
                 "branches": [
@@ -46,7 +46,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             },
         }
     rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}
-    if plan.is_parallel:
+    if isinstance(plan, ParallelAggregatePlan):
         rewrite |= {
             "partial_query": plan.partial_query,
             "partial_input": plan.partial_input,
@@ -59,7 +59,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         "raw_sources": list(plan.raw_sources),
         "window": plan.window,
         "columns": [{"name": c.name, "type": c.pg_type} for c in plan.outputs],
-        "parallelism": plan.parallelism,
+        "parallelism": plan.parallelism.value,
         "parallelism_reason": plan.parallelism_reason,
         "rewrite": rewrite,
     }

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
-from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan
+from rewriter.plan import ParallelAggregatePlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
 from server.engines.cluster import executors_share_disk
 from server.engines.spark import discard_spark_session, jvm_died
@@ -96,7 +96,7 @@ class SparkBackend:
         stream ``source`` (with the run column). Projections in ``plans`` only map the rows
         for the plans after them. ``files``, when given, are Parquet files holding ``rows``.
         """
-        aggregates = [p for p in plans if isinstance(p, DerivedStreamPlan)]
+        aggregates = [p for p in plans if isinstance(p, ParallelAggregatePlan)]
         if not aggregates or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in aggregates}
         session, generation = self._session()
@@ -111,7 +111,7 @@ class SparkBackend:
         session: SparkSession,
         rows: pa.Table,
         plans: list[ComputedPlan],
-        aggregates: list[DerivedStreamPlan],
+        aggregates: list[ParallelAggregatePlan],
         source: str,
         files: list[str] | None,
     ) -> dict[str, pa.Table]:
@@ -133,13 +133,14 @@ class SparkBackend:
                     assert branch is not None, f"{plan.name} reads no runs of {source}"
                     output, view = session.sql(branch.spark_query), projection_view(plan.name)
                 else:
+                    assert isinstance(plan, ParallelAggregatePlan), f"{plan.name} is serial"
                     output, view = session.sql(plan.partial_query), partial_view(plan.name)
                 if view in read_by_others:
                     output.cache()
                     cached.append(output)
                     output.createOrReplaceTempView(view)
                     views.append(view)
-                if isinstance(plan, DerivedStreamPlan):
+                if isinstance(plan, ParallelAggregatePlan):
                     outputs[plan.name] = output
             # A job that reads a cached frame another job is computing waits for its blocks.
             jobs = {name: self._jobs.submit(output.toArrow) for name, output in outputs.items()}

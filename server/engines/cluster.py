@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import pyspark
 
 from server.engines.java import find_java_home
 from server.errors import ClusterError
+from server.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,6 @@ def executors_share_disk(master: str, shared_storage: bool | None = None) -> boo
     and back-fill's Parquet files). ``shared_storage`` (STRATA_SHARED_SPOOL) decides when
     set; unset, only executors on this machine are assumed to."""
     return on_this_machine(master) if shared_storage is None else shared_storage
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Daemon:

@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql
 
 from server.errors import EmbeddedPostgresError
+from server.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ class EmbeddedPostgres:
                 )
                 port = 0
             if not port:
-                port = _free_port()
+                port = free_port(HOST)
         # Persisted so that the URL stays the same across restarts.
         tmp = self._port_file.with_name("port.tmp")
         tmp.write_text(f"{port}\n")
@@ -582,12 +583,6 @@ def _wait_until_gone(procs: list[psutil.Process], *, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _port_is_free(port: int) -> bool:

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from pyspark.errors import PySparkException
 
-from rewriter import DerivedStreamPlan, RawStreamPlan
+from rewriter import ParallelAggregatePlan, RawStreamPlan
 from rewriter.naming import partial_archive_table, raw_archive_table
 from server import catalog, faults
 from server.catalog import PlanCache, RunRecord, StreamRecord
@@ -342,7 +342,7 @@ class IngestPipeline:
                 copy_in(cursor, partial_archive_table(name), partial)
             raw = records[stream].plan
             assert isinstance(raw, RawStreamPlan)
-            windowed = [p for p in dependents if isinstance(p, DerivedStreamPlan)]
+            windowed = [p for p in dependents if isinstance(p, ParallelAggregatePlan)]
             seqs = [r.seq for r in runs]
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             record_corrections(connection, records, raw, batch.data)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from rewriter.naming import RUN_COLUMN
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan
+from rewriter.plan import ParallelAggregatePlan, RawStreamPlan
 from server import catalog
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -40,7 +40,7 @@ def moment(micros: int) -> datetime:
 def record_progress(
     connection: sa.Connection,
     raw: RawStreamPlan,
-    dependents: list[DerivedStreamPlan],
+    dependents: list[ParallelAggregatePlan],
     data: pa.Table,
     seqs: list[int],
 ) -> int:

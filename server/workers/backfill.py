@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
-from rewriter.plan import DerivedStreamPlan, RawStreamPlan, StreamPlan
+from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, StreamPlan
 from server import catalog
 from server.catalog import PlanCache
 from server.engines.backend import SparkBackend
@@ -32,7 +32,7 @@ from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
-def plan_backfill(connection: sa.Connection, plan: DerivedStreamPlan) -> None:
+def plan_backfill(connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
     """List the committed runs of ``plan``'s raw sources (caller holds their SHARE locks)."""
     runs = catalog.runs
     pending = (
@@ -81,7 +81,7 @@ class Backfiller(Worker):
         self.scratch = scratch
 
     def applies_to(self, plan: StreamPlan) -> bool:
-        return isinstance(plan, DerivedStreamPlan) and plan.is_parallel
+        return isinstance(plan, ParallelAggregatePlan)
 
     def start(self) -> None:
         if self.scratch is not None and self.scratch.exists():
@@ -90,7 +90,7 @@ class Backfiller(Worker):
         super().start()
 
     def step(self, plan: StreamPlan) -> int:
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         listed = catalog.backfill_runs
         with self.engine.begin() as connection:
             candidates = connection.execute(

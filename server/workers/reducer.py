@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from rewriter.plan import DerivedStreamPlan, StreamPlan
+from rewriter.plan import ParallelAggregatePlan, StreamPlan
 from server.catalog import PlanCache
 from server.metrics import Metrics
 from server.settings import DEFAULTS
@@ -34,10 +34,10 @@ class Reducer(Worker):
         self.min_rows = min_rows
 
     def applies_to(self, plan: StreamPlan) -> bool:
-        return isinstance(plan, DerivedStreamPlan) and bool(plan.reduce_statement)
+        return isinstance(plan, ParallelAggregatePlan)
 
     def step(self, plan: StreamPlan) -> int:
-        assert isinstance(plan, DerivedStreamPlan)
+        assert isinstance(plan, ParallelAggregatePlan)
         with self.engine.begin() as connection:
             driver = connection.connection.driver_connection
             assert driver is not None

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from rewriter import naming
-from rewriter.plan import DerivedStreamPlan, ProjectionStreamPlan, RawStreamPlan, StreamPlan
+from rewriter.plan import ProjectionStreamPlan, RawStreamPlan, SerialAggregatePlan, StreamPlan
 from server import catalog
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
 from server.ingest.progress import micros, moment
@@ -40,14 +40,12 @@ from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
-def serial_streams(records: dict[str, StreamRecord], raw: str) -> list[DerivedStreamPlan]:
+def serial_streams(records: dict[str, StreamRecord], raw: str) -> list[SerialAggregatePlan]:
     """Serial streams whose results the runs of raw stream ``raw`` reach, in creation order."""
     return [
         r.plan
         for r in records.values()
-        if isinstance(r.plan, DerivedStreamPlan)
-        and r.plan.serial is not None
-        and raw in r.plan.raw_sources
+        if isinstance(r.plan, SerialAggregatePlan) and raw in r.plan.raw_sources
     ]
 
 
@@ -122,7 +120,7 @@ def _windows_literal(windows: list[datetime]) -> str:
 
 def _recompute(
     driver: object,
-    plan: DerivedStreamPlan,
+    plan: SerialAggregatePlan,
     windows: list[datetime],
     *,
     start: str = "infinity",
@@ -130,7 +128,6 @@ def _recompute(
 ) -> None:
     """Replace the archived rows of ``windows`` and of the windows starting in
     [``start``, ``end``) with their current results."""
-    assert plan.serial is not None
     _set(driver, naming.SERIAL_WINDOWS_SETTING, _windows_literal(windows))
     _set(driver, naming.SERIAL_FROM_SETTING, start)
     _set(driver, naming.SERIAL_TO_SETTING, end)
@@ -153,7 +150,7 @@ class _SerialWorker(Worker):
         super().__init__(engine, plans, interval=interval, batch=batch, metrics=metrics)
 
     def applies_to(self, plan: StreamPlan) -> bool:
-        return isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+        return isinstance(plan, SerialAggregatePlan)
 
 
 class Materializer(_SerialWorker):
@@ -162,7 +159,7 @@ class Materializer(_SerialWorker):
     name = "materializer"
 
     def step(self, plan: StreamPlan) -> int:
-        assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+        assert isinstance(plan, SerialAggregatePlan)
         progress = catalog.serial_progress
         with self.engine.begin() as connection:
             connection.execute(
@@ -197,7 +194,7 @@ class Materializer(_SerialWorker):
             )
             return len(windows)
 
-    def _closed(self, connection: sa.Connection, plan: DerivedStreamPlan) -> datetime | None:
+    def _closed(self, connection: sa.Connection, plan: SerialAggregatePlan) -> datetime | None:
         """Start of the first window not closed yet: every window before it ended behind the
         watermarks of all raw sources, and no stream it reads is still back-filling."""
         records = self.plans.load(connection)
@@ -227,7 +224,7 @@ class Repairer(_SerialWorker):
     name = "repair"
 
     def step(self, plan: StreamPlan) -> int:
-        assert isinstance(plan, DerivedStreamPlan) and plan.serial is not None
+        assert isinstance(plan, SerialAggregatePlan)
         corrections, revisions = catalog.corrections, catalog.window_revisions
         with self.engine.begin() as connection:
             windows = list(

@@ -1,4 +1,5 @@
-"""What a benchmark hands to bench/run.py: its figures, each against a baseline of the same run.
+"""What a benchmark reports: its figures for bench/run.py, each against a baseline of the
+same run (``Result``), and the phases it prints on the way (``Timing``).
 
 The convention that makes a module of bench/ a benchmark ``make bench`` runs: it defines,
 at the top level, ::
@@ -13,11 +14,13 @@ where ``scale`` is one of SCALES: ``full`` (the figures the README reports) or `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 SCALES = ("smoke", "full")
+T = TypeVar("T")
 
 
 class ScaleError(ValueError):
@@ -58,9 +61,9 @@ class Result:
 def latency_results(
     figure: str, seconds: Mapping[str, float], baseline_name: str, samples: int
 ) -> list[Result]:
-    """The p50 and the p99 of a latency in seconds, Strata's (``strata_p50_s``) against the
-    peer's (``sss_p50_s``) of ``seconds``; ``figure`` names it with ``{q}`` for the
-    percentile."""
+    """The p50 and the p99 (bench.harness.percentile) of a latency in seconds, Strata's
+    (``strata_p50_s``) against the peer's (``sss_p50_s``) of ``seconds``; ``figure`` names
+    it with ``{q}`` for the percentile."""
     return [
         Result(
             figure.format(q=q),
@@ -73,3 +76,35 @@ def latency_results(
         )
         for q in ("p50", "p99")
     ]
+
+
+@dataclass
+class Timing:
+    """One phase of a benchmark, a line of the table it prints."""
+
+    name: str
+    rows: int
+    seconds: float
+    notes: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def print_table(timings: list[Timing], *, phase_width: int = 22, rows_width: int = 10) -> None:
+    print(f"{'phase':<{phase_width}} {'rows':>{rows_width}} {'seconds':>9} {'rows/s':>11}  notes")
+    for t in timings:
+        rate = f"{t.rows_per_s:,.0f}" if t.rows else ""
+        rows = f"{t.rows:,}" if t.rows else ""
+        print(
+            f"{t.name:<{phase_width}} {rows:>{rows_width}} {t.seconds:>9.2f} {rate:>11}  {t.notes}"
+        )
+
+
+def timed(what: Callable[[], T]) -> tuple[T, float]:
+    """What ``what`` returns, and the seconds it took."""
+    started = time.perf_counter()
+    result = what()
+    return result, time.perf_counter() - started

@@ -1,0 +1,52 @@
+"""What the SELECT of every derived stream obeys, whichever pass plans it: the clauses it
+may use, and the names PostgreSQL gives its columns.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from rewriter.errors import UnsupportedSQL
+
+_UNSUPPORTED_CLAUSES = {
+    "distinct": "SELECT DISTINCT",
+    "order": "ORDER BY",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "with_": "WITH (common table expressions)",
+    "windows": "WINDOW",
+    "qualify": "QUALIFY",
+}
+
+
+def check_clauses(select: exp.Select) -> None:
+    """Refuse the clauses and constructs no derived stream supports."""
+    for clause, shown in _UNSUPPORTED_CLAUSES.items():
+        if select.args.get(clause):
+            raise UnsupportedSQL(f"{shown} is not supported in a derived stream")
+    for node in select.find_all(exp.Subquery, exp.Window):
+        kind = "subqueries" if isinstance(node, exp.Subquery) else "window functions (OVER)"
+        raise UnsupportedSQL(f"{kind} are not supported yet: {node.sql('postgres')!r}")
+
+
+def output_name(item: exp.Expr) -> str:
+    if isinstance(item, exp.Alias):
+        return item.alias
+    if isinstance(item, exp.Column):
+        return item.name
+    if isinstance(item, exp.Func) and not isinstance(item, exp.Anonymous):
+        # PostgreSQL names an unaliased call after its function, e.g. count(*) -> "count".
+        # sqlglot folds some spellings together (variance and var_samp; bool_and and every):
+        # those cannot be named back and need an alias.
+        name = item.sql_name().lower()
+        if name not in _FOLDED_NAMES:
+            return _RENAMED.get(name, name)
+    raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
+
+
+_RENAMED = {
+    "variance_pop": "var_pop",
+    "logical_or": "bool_or",
+    "approx_distinct": "approx_count_distinct",
+}
+_FOLDED_NAMES = {"variance", "logical_and"}
