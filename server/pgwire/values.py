@@ -28,7 +28,8 @@ TYPE_OIDS = {
     "numeric": 1700,
 }
 TEXT_OID = 25
-_BY_OID = {oid: name for name, oid in TYPE_OIDS.items()} | {1043: "text", 705: "text", 0: ""}
+_BY_OID = {oid: name for name, oid in TYPE_OIDS.items()} | {1043: "text"}
+_UNSPECIFIED = (0, 705)  # no type given, or "unknown": the column's type decides
 
 _EPOCH_2000 = datetime(2000, 1, 1, tzinfo=UTC)
 _DATE_2000 = date(2000, 1, 1)
@@ -105,7 +106,7 @@ def parameter_text(
         return None
     if not binary:
         return value.decode(encoding, "surrogateescape")
-    kind = _BY_OID.get(declared_oid) or column_type
+    kind = column_type if declared_oid in _UNSPECIFIED else _BY_OID.get(declared_oid, "")
     decoder = _BINARY.get(kind)
     if decoder is None:
         raise UnsupportedSQL(
