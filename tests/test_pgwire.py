@@ -8,10 +8,12 @@ answer, that errors leave nothing, and that a run id answers the same twice.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -569,3 +571,71 @@ def test_fifty_sessions_mix_selects_and_copies(
     assert loaded == 250
     assert archived(module_strata, raw) == 250 and runs_of(module_strata, raw) == 25
     assert module_strata.query(f"SELECT sum(c) FROM {count}") == [(250,)]
+
+
+# libpq's own calls, in a process of their own: libpq's blocking calls hold the GIL, which
+# the port's thread in this test process needs.
+LIBPQ_CLIENT = """
+import json, sys
+from psycopg import pq
+url, raw, rows = sys.argv[1:]
+out = {}
+connection = pq.PGconn.connect(url.encode())
+assert connection.status == pq.ConnStatus.OK, connection.error_message
+connection.send_query_params(f"COPY {raw} FROM STDIN (FORMAT csv, HEADER)".encode(), None)
+started = connection.get_result()
+out["copy_in"] = [started.status == pq.ExecStatus.COPY_IN, started.nfields]
+connection.put_copy_data(rows.encode())
+connection.put_copy_end()
+done = connection.get_result()
+out["copy"] = [done.status == pq.ExecStatus.COMMAND_OK, done.command_status.decode()]
+out["after"] = connection.get_result() is None
+connection.prepare(b"shown", b"SHOW STREAMS")
+described = connection.describe_prepared(b"shown")
+out["show_columns"] = [described.fname(i).decode() for i in range(described.nfields)]
+insert = f"INSERT INTO {raw} (t, user_id) VALUES ($1, $2)".encode()
+connection.prepare(b"load", insert)
+described = connection.describe_prepared(b"load")
+types = [described.param_type(i) for i in range(described.nparams)]
+out["insert_described"] = [described.nfields, types]
+ran = connection.exec_prepared(b"load", [b"2026-11-21T10:05:00Z", b"9"])
+out["insert"] = ran.command_status.decode()
+again = connection.prepare(b"load", insert)
+out["again"] = (again.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+connection.finish()
+print(json.dumps(out))
+"""
+
+
+def test_libpq_extended_protocol_copy_and_describe(
+    module_strata: Strata, streams: tuple[str, str]
+) -> None:
+    """COPY through Parse/Bind/Execute, and Describe of prepared statements (what JDBC and
+    BI tools ask before they run anything), with libpq's own calls."""
+    raw, _ = streams
+    client = subprocess.run(
+        [sys.executable, "-c", LIBPQ_CLIENT, module_strata.psql_url, raw, ROWS_CSV],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert client.returncode == 0, client.stderr
+    out = json.loads(client.stdout)
+    assert out["copy_in"] == [True, 4]
+    assert out["copy"] == [True, "COPY 3"] and out["after"]
+    assert out["show_columns"] == ["name", "kind", "parallelism", "raw_sources", "definition"]
+    assert out["insert_described"] == [0, [1184, 20]]  # no rows; $1 timestamptz, $2 bigint
+    assert out["insert"] == "INSERT 0 1"
+    assert out["again"] == "42P05"  # the named statement exists already
+    assert archived(module_strata, raw) == 4
+
+
+def test_notifications_are_relayed_while_idle(module_strata: Strata) -> None:
+    with (
+        psycopg.connect(module_strata.psql_url, autocommit=True) as listener,
+        psycopg.connect(module_strata.psql_url, autocommit=True) as sender,
+    ):
+        listener.execute("LISTEN strata_test")
+        sender.execute("NOTIFY strata_test, 'hello'")
+        received = next(listener.notifies(timeout=10))
+        assert (received.channel, received.payload) == ("strata_test", "hello")
