@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -34,6 +34,8 @@ log = logging.getLogger("strata.pgwire")
 # Worker threads for Strata's statements: a COPY holds one while its run commits.
 _WORKER_THREADS = 64
 _STOP_TIMEOUT_S = 10
+# Parameters of a libpq URL that say where PostgreSQL is: the port's URL has its own.
+_WHERE_PARAMETERS = ("host", "hostaddr", "port", "service", "target_session_attrs")
 
 
 class SqlPort:
@@ -133,7 +135,9 @@ class SqlPort:
 
     @property
     def psql_url(self) -> str:
-        """``database_url`` pointing at the port: same user, password and database."""
+        """``database_url`` pointing at the port: same user, password and database, and
+        none of its parameters about where PostgreSQL is or how to reach it over TLS (the
+        port speaks plain TCP)."""
         assert self.port is not None
         host = self.settings.pg_host
         if host in ("0.0.0.0", "::", ""):
@@ -142,7 +146,14 @@ class SqlPort:
         parts = urlsplit(self.database_url)
         if parts.scheme in ("postgresql", "postgres"):
             credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-            return urlunsplit(parts._replace(netloc=f"{credentials}{shown}:{self.port}"))
+            kept = [
+                (key, value)
+                for key, value in parse_qsl(parts.query, keep_blank_values=True)
+                if not key.startswith("ssl") and key not in _WHERE_PARAMETERS
+            ]
+            return urlunsplit(
+                parts._replace(netloc=f"{credentials}{shown}:{self.port}", query=urlencode(kept))
+            )
         user, database = self._port.owner, self._port.database
         return f"postgresql://{user}@{shown}:{self.port}/{database}"
 
