@@ -444,13 +444,14 @@ def _startup(port: int, database: str) -> socket.socket:
 
 
 def _read_until(connection: socket.socket, kind: bytes) -> list[tuple[bytes, bytes]]:
+    """The messages up to the first of type ``kind``."""
     messages = []
     buffer = b""
     while True:
         while len(buffer) < 5 or len(buffer) < 1 + struct.unpack("!i", buffer[1:5])[0]:
             chunk = connection.recv(65536)
             if not chunk:
-                raise ConnectionError("closed")
+                raise ConnectionError(f"closed before a {kind!r} message: {messages}")
             buffer += chunk
         size = struct.unpack("!i", buffer[1:5])[0]
         messages.append((buffer[:1], buffer[5 : 1 + size]))
@@ -506,18 +507,19 @@ def test_malformed_messages_close_that_connection_only(module_strata: Strata) ->
                 connection.shutdown(socket.SHUT_WR)
                 while connection.recv(65536):
                     pass  # the port answers (or not) and closes
+        # A broken frame ends the connection; a malformed body is answered with PostgreSQL's
+        # protocol violation (08P01), by the port or by PostgreSQL, whichever reads it.
         after_startup = [
             b"Q" + struct.pack("!i", 2),  # a length below 4
             _message(b"P", b"no terminators"),  # Parse without its strings
-            _message(b"B", b"\0\0\xff\xff"),  # Bind with a negative count
+            _message(b"P", b"\0COPY x FROM STDIN"),  # one the port reads: no terminator
+            _message(b"D", b"X\0"),  # Describe of neither a statement nor a portal
         ]
         for message in after_startup:
             connection = _startup(port, database)
-            connection.sendall(message)
-            answer = b""
-            while chunk := connection.recv(65536):
-                answer += chunk
-            assert answer[:1] == b"E"  # an error, then the connection is closed
+            connection.sendall(message + _message(b"S", b""))
+            answer = _read_until(connection, b"E")[-1]
+            assert b"C08P01\0" in answer[1]
             connection.close()
         assert bystander.execute("SELECT 1").fetchone() == (1,)
     with psycopg.connect(module_strata.psql_url) as fresh:

@@ -235,7 +235,10 @@ class Session:
                 elif kind == b"X":
                     return
                 continue
-            if kind == b"Q":
+            if kind in _NAMED and not self._statements and not self._portals:
+                # No statement of the port's here: nothing to look up (most traffic).
+                self.upstream.forward(message.raw, _NAMED[kind])
+            elif kind == b"Q":
                 await self._query(message)
             elif kind == b"P":
                 await self._parse(message)
@@ -339,6 +342,9 @@ class Session:
     # ---- the extended protocol -------------------------------------------------------
 
     async def _parse(self, message: m.Message) -> None:
+        if not self._statements and not (self._strata and may_hold_strata(message.raw)):
+            self.upstream.forward(message.raw, Expect.PARSE)
+            return
         parse = m.decode_parse(message.body, self.encoding)
         statements = await self._strata_statements(parse.query)
         if statements is None:
@@ -622,6 +628,15 @@ class Session:
     async def _call(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.port.executor, function, *args)
+
+
+# Messages that name a prepared statement or portal, and what their answers are.
+_NAMED = {
+    b"B": Expect.BIND,
+    b"D": Expect.DESCRIBE,
+    b"E": Expect.EXECUTE,
+    b"C": Expect.CLOSE,
+}
 
 
 class _Duplicate(StrataError):

@@ -30,6 +30,7 @@ from server.pgwire.lexer import Piece, Token
 # A query string none of these words appear in holds no Strata statement: most strings
 # (every SELECT of a dashboard) are passed on after this one search.
 _STRATA_WORDS = re.compile(r"\b(?:create|drop|alter|show|explain|copy|insert)\b", re.I)
+_STRATA_WORDS_BYTES = re.compile(_STRATA_WORDS.pattern.encode(), re.I)
 
 
 class Refused(Exception):  # noqa: N818 - carries a StrataError, it is not one
@@ -142,8 +143,11 @@ def title(statement: Statement) -> str:
     }[type(statement)]
 
 
-def may_hold_strata(text: str) -> bool:
-    """False when ``text`` surely holds no Strata statement (the cheap test)."""
+def may_hold_strata(text: str | bytes) -> bool:
+    """False when ``text`` surely holds no Strata statement (the cheap test; a message's
+    bytes will do, the words are ASCII)."""
+    if isinstance(text, bytes):
+        return _STRATA_WORDS_BYTES.search(text) is not None
     return _STRATA_WORDS.search(text) is not None
 
 

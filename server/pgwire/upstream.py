@@ -20,7 +20,6 @@ import asyncio
 import codecs
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
 
 from server.pgwire import messages as m
 
@@ -30,27 +29,43 @@ _ENCODINGS = {"UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "WIN12
 _AUTH_ANSWERED = (2, 3, 5, 7, 8, 9, 10, 11)
 
 
-class Expect(Enum):
+class Expect:
     """What a forwarded message is, by the types of PostgreSQL's messages that end its
-    answer (``completes``)."""
+    answer (``completes``). Plain attributes, read for every message relayed."""
 
-    PARSE = (1, b"1")
-    BIND = (2, b"2")
-    CLOSE = (3, b"3")
-    DESCRIBE = (4, b"Tn")
-    EXECUTE = (5, b"CIs")
-    SYNC = (6, b"Z")
-    QUERY = (7, b"Z")  # a simple query or function call: everything up to ReadyForQuery
-    SCRIPT = (8, b"Z")  # one part of a multi-statement query: its ReadyForQuery is not relayed
-    ABORT = (9, b"Z")  # the port's statement that aborts a transaction: nothing is relayed
+    __slots__ = ("completes", "ends_with_ready", "name")
 
-    @property
-    def completes(self) -> bytes:
-        return self.value[1]  # type: ignore[no-any-return]
+    def __init__(self, name: str, completes: bytes) -> None:
+        self.name = name
+        self.completes = completes
+        self.ends_with_ready = completes == b"Z"
 
-    @property
-    def ends_with_ready(self) -> bool:
-        return self.completes == b"Z"
+    def __repr__(self) -> str:
+        return f"Expect.{self.name}"
+
+    PARSE: Expect
+    BIND: Expect
+    CLOSE: Expect
+    DESCRIBE: Expect
+    EXECUTE: Expect
+    SYNC: Expect
+    QUERY: Expect
+    SCRIPT: Expect
+    ABORT: Expect
+
+
+Expect.PARSE = Expect("PARSE", b"1")
+Expect.BIND = Expect("BIND", b"2")
+Expect.CLOSE = Expect("CLOSE", b"3")
+Expect.DESCRIBE = Expect("DESCRIBE", b"Tn")
+Expect.EXECUTE = Expect("EXECUTE", b"CIs")
+Expect.SYNC = Expect("SYNC", b"Z")
+# A simple query or a function call: everything up to ReadyForQuery.
+Expect.QUERY = Expect("QUERY", b"Z")
+# One part of a multi-statement query string: its ReadyForQuery is not relayed.
+Expect.SCRIPT = Expect("SCRIPT", b"Z")
+# The port's statement that aborts a transaction: nothing of its answer is relayed.
+Expect.ABORT = Expect("ABORT", b"Z")
 
 
 @dataclass
