@@ -28,12 +28,12 @@ import sqlglot
 from pyspark.sql import SparkSession
 
 from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
-from rewriter.build_views import window_start_spark
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import to_spark
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.types import SqlType
+from rewriter.window_forms import window_start_spark
 from server.catalog import create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in

@@ -1,0 +1,45 @@
+"""Commit versions of raw streams, which serialize the commits that feed one join.
+
+Revision ID: 0010
+Revises: 0006
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+CATALOG = "strata_catalog"
+
+
+def upgrade() -> None:
+    op.create_table(
+        "source_versions",
+        sa.Column(
+            "stream",
+            sa.Text,
+            sa.ForeignKey(f"{CATALOG}.streams.name", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column(
+            "version",
+            sa.BigInteger,
+            nullable=False,
+            server_default="0",
+            comment="bumped by every commit of the stream's runs that feeds a join",
+        ),
+        schema=CATALOG,
+    )
+    # Every raw stream has its row from the start: a commit locks it, and a row inserted
+    # by a first commit could not be locked by a concurrent one.
+    op.execute(
+        f"INSERT INTO {CATALOG}.source_versions (stream) "
+        f"SELECT name FROM {CATALOG}.streams WHERE kind = 'raw'"
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("source_versions", schema=CATALOG)
