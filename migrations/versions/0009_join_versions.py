@@ -1,14 +1,14 @@
 """Commit versions of raw streams, which serialize the commits that feed one join.
 
-Revision ID: 0010
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0006"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
