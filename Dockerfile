@@ -24,11 +24,8 @@ COPY server ./server
 COPY rewriter ./rewriter
 COPY migrations ./migrations
 COPY sql ./sql
-# The migrations read the SQL functions from <parent of the migrations package>/sql, which
-# a non-editable install does not ship (sql/ is no package): copy it next to the installed
-# packages. Drop the `cp` once sql/ is package data.
-RUN pip install . \
-    && cp -r sql "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/sql"
+# sql/ and the migrations' frozen SQL are package data: the install ships them.
+RUN pip install .
 
 WORKDIR /data
 VOLUME ["/data"]

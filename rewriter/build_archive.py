@@ -23,7 +23,7 @@ def build_archive(statement: RawStreamStatement) -> RawStreamPlan:
     # Back-fill reads history run by run; runs arrive in roughly increasing order, so a
     # BRIN index finds them for next to nothing on ingest.
     runs_index = create_index(
-        f"{naming.raw_archive_table(statement.name)}_runs",
+        naming.raw_runs_index(statement.name),
         archive,
         [exp.column(naming.RUN_COLUMN)],
         using="brin",

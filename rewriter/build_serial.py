@@ -211,9 +211,7 @@ def build_serial(
     create_archive = exp.Create(
         this=archive.copy(), kind="TABLE", expression=per_window.copy().limit(0)
     ).sql("postgres")
-    archive_index = create_index(
-        f"{naming.serial_archive_table(name)}_window", archive, [window_column.copy()]
-    )
+    archive_index = create_index(naming.serial_window_index(name), archive, [window_column.copy()])
     source = window.source
     raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
     return SerialAggregatePlan(

@@ -195,9 +195,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
             for c, t in partial_columns
         ],
     )
-    index = create_index(
-        f"{naming.partial_archive_table(name)}_window", archive, _group_columns(split)
-    )
+    index = create_index(naming.partial_window_index(name), archive, _group_columns(split))
     view = view_query(name, split, window)
     source = window.source
     if isinstance(source, WindowedAggregatePlan):

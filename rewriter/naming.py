@@ -1,10 +1,16 @@
-"""Every derived object name in one place: schemas, archive tables, state and key columns.
+"""Every derived object name in one place: schemas, archive tables and their indexes, state
+and key columns.
 
 Nothing else in Strata spells these names; change them here and everything follows.
+PostgreSQL keeps only the first 63 bytes of an identifier, silently: a derived name longer
+than that is shortened here instead, to a prefix and a hash of the whole name, so that
+every name Strata creates is the name PostgreSQL stores and no two of them collide.
+Renaming objects of existing databases takes a migration (see migrations/versions/0008).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from rewriter.errors import InvalidSQL
@@ -24,8 +30,11 @@ WINDOW_END_COLUMN = "window_end"
 # Name of the temporary Spark view a run's rows are registered under.
 RUN_ROWS_VIEW = "strata_run_rows"
 
-# Stream names must leave room for the longest suffix within PostgreSQL's 63 bytes.
+# Longest stream name; a derived name that does not fit in MAX_IDENTIFIER is shortened.
 MAX_STREAM_NAME = 50
+# PostgreSQL's identifiers: NAMEDATALEN - 1 bytes; it cuts longer ones to this many.
+MAX_IDENTIFIER = 63
+_HASH_CHARS = 8
 _STREAM_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED_PREFIX = "strata_"
 _SYSTEM_PREFIX = "pg_"
@@ -55,7 +64,7 @@ def check_column_name(name: str, *, window_names: bool = False) -> str:
     """Return ``name`` if a stream may have a column so named, else raise InvalidSQL saying
     why. ``window_names``: window_start and window_end are allowed (a join passes an input's
     window columns through)."""
-    if not _STREAM_NAME.match(name) or len(name) > 63:
+    if not _STREAM_NAME.match(name) or len(name) > MAX_IDENTIFIER:
         raise InvalidSQL(
             f"invalid column name {name!r}: use lower-case letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"
@@ -68,12 +77,34 @@ def check_column_name(name: str, *, window_names: bool = False) -> str:
     return name
 
 
+def fit(name: str) -> str:
+    """``name`` if PostgreSQL keeps it whole, else its first bytes and the first 8 hex digits
+    of its SHA-256, 63 bytes in all: the same name every time, and names that PostgreSQL
+    would cut to the same 63 bytes stay apart."""
+    encoded = name.encode()
+    if len(encoded) <= MAX_IDENTIFIER:
+        return name
+    digest = hashlib.sha256(encoded).hexdigest()[:_HASH_CHARS]
+    prefix = encoded[: MAX_IDENTIFIER - _HASH_CHARS - 1].decode(errors="ignore")
+    return f"{prefix}_{digest}"
+
+
 def raw_archive_table(stream: str) -> str:
-    return f"{stream}__raw"
+    return fit(f"{stream}__raw")
+
+
+def raw_runs_index(stream: str) -> str:
+    """BRIN index of a raw archive on the run column (back-fill reads history by run)."""
+    return fit(f"{stream}__raw_runs")
 
 
 def partial_archive_table(stream: str) -> str:
-    return f"{stream}__partial"
+    return fit(f"{stream}__partial")
+
+
+def partial_window_index(stream: str) -> str:
+    """Index of a partial archive on its window and group keys."""
+    return fit(f"{stream}__partial_window")
 
 
 def partial_view(stream: str) -> str:
@@ -96,7 +127,12 @@ def state_column(aggregate_index: int, state: str) -> str:
 
 def serial_archive_table(stream: str) -> str:
     """Archive of a serial stream: its rows for the windows already materialized."""
-    return f"{stream}__serial"
+    return fit(f"{stream}__serial")
+
+
+def serial_window_index(stream: str) -> str:
+    """Index of a serial archive on its window column."""
+    return fit(f"{stream}__serial_window")
 
 
 # Column of a serial archive holding the start of the window a row belongs to.
@@ -114,16 +150,16 @@ SERIAL_LIMIT_SETTING = "strata.serial_limit"  # integer: list at most this many 
 
 def join_archive_table(stream: str) -> str:
     """Archive of a join stream: its rows, each with the run whose commit produced it."""
-    return f"{stream}__join"
+    return fit(f"{stream}__join")
 
 
 def join_archive_index(stream: str, purpose: str) -> str:
-    return f"{join_archive_table(stream)}_{purpose}"
+    return fit(f"{stream}__join_{purpose}")
 
 
 def probe_index(raw_stream: str, column: str) -> str:
     """Index of a raw archive on a column that joins look rows up by."""
-    return f"{raw_archive_table(raw_stream)}_{column}_probe"
+    return fit(f"{raw_stream}__raw_{column}_probe")
 
 
 def join_column(alias: str, column: str) -> str:

@@ -6,6 +6,7 @@ rewriter, one deterministic function, so a new Strata version re-derives them co
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +15,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 
 from rewriter import StreamPlan, rewrite
 from rewriter.naming import CATALOG_SCHEMA, join_archive_table, partial_archive_table
@@ -30,6 +32,11 @@ from rewriter.plan import (
 ComputedPlan = ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan | JoinStreamPlan
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The PostgreSQL functions and aggregates the plans rely on, installed at every start. In a
+# checkout (and an editable install) beside server/; a wheel ships it there as package data.
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+# Held while migrating and installing: two servers starting on one database wait in turn.
+MIGRATION_LOCK = 4242001
 
 metadata = sa.MetaData(schema=CATALOG_SCHEMA)
 streams = sa.Table(
@@ -141,6 +148,14 @@ source_versions = sa.Table(
     sa.Column("version", sa.BigInteger),
 )
 
+function_installs = sa.Table(
+    "function_installs",
+    metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("sha256", sa.Text),
+    sa.Column("installed_at", sa.DateTime(timezone=True)),
+)
+
 
 def sqlalchemy_url(database_url: str) -> str:
     """postgresql://... as psql spells it -> the SQLAlchemy URL for the psycopg 3 driver."""
@@ -157,18 +172,78 @@ def create_catalog_engine(database_url: str) -> sa.Engine:
 
 
 def migrate(engine: sa.Engine) -> None:
-    """Apply the Alembic migrations in migrations/ (idempotent)."""
+    """Apply the Alembic migrations in migrations/, then install the functions of sql/
+    (both idempotent): what a server does at every start."""
     config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.connect() as connection:
-        # Two servers starting on one database must not migrate at once.
-        connection.execute(sa.text("SELECT pg_advisory_lock(4242001)"))
+        connection.execute(sa.text("SELECT pg_advisory_lock(:lock)"), {"lock": MIGRATION_LOCK})
         try:
+            before = _revision(connection)
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+            # A migration may have (re)created functions from its frozen SQL (after a
+            # downgrade, say), older than the sql/ the fingerprint names.
+            install_functions(connection, force=_revision(connection) != before)
         finally:
-            connection.execute(sa.text("SELECT pg_advisory_unlock(4242001)"))
+            connection.rollback()
+            connection.execute(
+                sa.text("SELECT pg_advisory_unlock(:lock)"), {"lock": MIGRATION_LOCK}
+            )
             connection.commit()
+
+
+def _revision(connection: sa.Connection) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table_schema": CATALOG_SCHEMA})
+    revision = context.get_current_revision()
+    connection.commit()
+    return revision
+
+
+def read_sql() -> dict[str, str]:
+    """The text of each file of sql/ by its name, in the order they are installed (later
+    files use earlier ones)."""
+    return {path.name: path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))}
+
+
+def sql_fingerprint(sources: dict[str, str]) -> str:
+    """sha256 of the files' names and texts, in order."""
+    digest = hashlib.sha256()
+    for name, text in sources.items():
+        for part in (name.encode(), text.encode()):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+    return digest.hexdigest()
+
+
+def install_functions(connection: sa.Connection, *, force: bool = False) -> bool:
+    """(Re)install every function and aggregate of sql/ unless the same sql/ was the last
+    installed (or ``force``); True if it installed. Call it with the migration lock held.
+
+    The migrations create the functions as they were when each migration was written;
+    this brings them to what sql/ holds now, so a database migrated by an earlier release
+    gets every fix since. The files are run in one transaction together with the record of
+    their fingerprint: a view never sees some functions replaced and others not, and a
+    failed install leaves the previous functions and fingerprint, to be tried again at the
+    next start. Every statement in sql/ is re-runnable (CREATE OR REPLACE); a change that
+    CREATE OR REPLACE cannot make needs a migration (see sql/001_functions.sql).
+    """
+    sources = read_sql()
+    if not sources:
+        raise FileNotFoundError(f"no PostgreSQL functions to install in {SQL_DIR}")
+    fingerprint = sql_fingerprint(sources)
+    with connection.begin():
+        last = connection.execute(
+            sa.select(function_installs.c.sha256).order_by(function_installs.c.seq.desc()).limit(1)
+        ).scalar()
+        if last == fingerprint and not force:
+            return False
+        for text in sources.values():
+            # Without parameters, so that psycopg sends the file as it is (several
+            # statements, '%' in comments) in one simple query.
+            connection.exec_driver_sql(text, execution_options={"no_parameters": True})
+        connection.execute(sa.insert(function_installs).values(sha256=fingerprint))
+    return True
 
 
 @dataclass(frozen=True)

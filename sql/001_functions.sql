@@ -1,4 +1,16 @@
--- PostgreSQL functions Strata installs (by migration 0001). Safe to run more than once.
+-- PostgreSQL functions the plans rely on: window starts and HOP windows.
+--
+-- How sql/ is installed (this holds for every file here): the server runs all of sql/*.sql,
+-- in file name order and in one transaction, at every start after the migrations, unless
+-- the same files were installed last (strata_catalog.function_installs keeps their
+-- sha256). A fix here thus reaches every existing database at its next start. So every
+-- statement must be re-runnable: CREATE OR REPLACE FUNCTION / AGGREGATE, and each function
+-- spelt out whole (CREATE OR REPLACE resets SECURITY DEFINER, SET, STRICT ... to what the
+-- statement says; owner and privileges stay). CREATE OR REPLACE cannot change a function's
+-- argument types or names, its return type, or an aggregate's kind, arguments or result:
+-- such a change needs a new migration that drops the old object first (and re-creates the
+-- stream views that use it), or a new function under a new name. Migrations never read
+-- these files: each one runs a frozen copy of what it installed (migrations/versions/sql).
 
 -- Start of the epoch-aligned window of size_us microseconds holding t: the same
 -- arithmetic Spark applies to every run (t - (t mod size), in microseconds, UTC). date_bin

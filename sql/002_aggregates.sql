@@ -1,7 +1,8 @@
 -- Reduce and final forms of the aggregates whose partial states a plain SUM/MIN/MAX cannot
--- merge (rewriter/registry.py documents each state). Installed by migration 0002. Safe to
--- run more than once. A reduce aggregate maps partial states to one partial state of the
--- same form; a final function maps a merged state to the answer PostgreSQL itself gives.
+-- merge (rewriter/registry.py documents each state). A reduce aggregate maps partial states
+-- to one partial state of the same form; a final function maps a merged state to the answer
+-- PostgreSQL itself gives. Installed at every start with the rest of sql/, so re-runnable
+-- (sql/001_functions.sql says how).
 
 -- ---------------------------------------------------------------------------------------
 -- Moments: stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop.

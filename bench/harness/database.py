@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from server.engines.embedded_pg import EmbeddedPostgres
 
 from bench.harness.data import Dataset
 from bench.harness.percentile import percentile
 from bench.harness.results import Timing
 from server.catalog import create_catalog_engine, migrate
+from server.engines.embedded_pg import EmbeddedPostgres
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import psycopg
 import pyarrow.csv as pa_csv
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
-from server.engines.spark import create_spark_session, stop_spark_session
 
 from bench.harness.errors import BenchError
 from bench.harness.server import Server, start_server, stop_server
+from server.engines.spark import create_spark_session, stop_spark_session
 
 
 class PostgresSink:

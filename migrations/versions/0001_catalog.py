@@ -15,7 +15,9 @@ branch_labels = None
 depends_on = None
 
 CATALOG = "strata_catalog"
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# The SQL this migration ran when it was written, frozen: the migration builds the same
+# schema whatever sql/ holds later.
+FROZEN_SQL = Path(__file__).resolve().parent / "sql"
 
 
 def upgrade() -> None:
@@ -82,7 +84,7 @@ def upgrade() -> None:
         schema=CATALOG,
         postgresql_where=sa.text("status = 'pending'"),
     )
-    op.execute((SQL_DIR / "001_functions.sql").read_text())
+    op.execute((FROZEN_SQL / "0001_functions.sql").read_text())
 
 
 def downgrade() -> None:

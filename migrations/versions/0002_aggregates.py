@@ -13,7 +13,9 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# The SQL this migration ran when it was written, frozen: the migration builds the same
+# schema whatever sql/ holds later.
+FROZEN_SQL = Path(__file__).resolve().parent / "sql"
 
 # Aggregates first: they depend on the functions.
 _AGGREGATES = (
@@ -43,7 +45,7 @@ _FUNCTIONS = (
 
 
 def upgrade() -> None:
-    op.execute((SQL_DIR / "002_aggregates.sql").read_text())
+    op.execute((FROZEN_SQL / "0002_aggregates.sql").read_text())
 
 
 def downgrade() -> None:

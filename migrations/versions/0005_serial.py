@@ -15,7 +15,9 @@ branch_labels = None
 depends_on = None
 
 CATALOG = "strata_catalog"
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# The SQL this migration ran when it was written, frozen: the migration builds the same
+# schema whatever sql/ holds later.
+FROZEN_SQL = Path(__file__).resolve().parent / "sql"
 
 
 def _stream() -> sa.Column:
@@ -56,7 +58,7 @@ def upgrade() -> None:
         sa.Column("repaired_at", sa.DateTime(timezone=True)),
         schema=CATALOG,
     )
-    op.execute((SQL_DIR / "003_serial.sql").read_text())
+    op.execute((FROZEN_SQL / "0005_serial.sql").read_text())
 
 
 def downgrade() -> None:

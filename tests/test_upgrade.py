@@ -1,0 +1,424 @@
+"""Upgrades: a database left by an earlier release gets today's PostgreSQL functions at the
+next start, and a start with nothing changed leaves them alone.
+
+The migrations run frozen copies of the SQL they ran when written, so running them today
+builds exactly the previous release's schema; the start-up install then brings the
+functions of sql/ up to date (server/catalog.py install_functions)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from pyspark.sql import SparkSession
+
+from server import catalog
+from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
+from server.engines.embedded_pg import POSTGRES_BIN_PATH
+from server.workers.reducer import Reducer
+from server.workers.serial import Materializer, Repairer
+from tests.conftest import Strata, new_database, strata_client
+
+# The head revision of the last release (0.1.0): its data dirs are migrated this far.
+PREVIOUS_RELEASE_HEAD = "0006"
+
+# Written by 0.1.0 (tests/fixtures/releases/make_v0_1_0.py).
+V0_1_0 = Path(__file__).resolve().parent / "fixtures" / "releases" / "v0.1.0.sql"
+
+# Two objects as an earlier Strata defined them, differing from today's sql/ in body only:
+# strata_window_start before date_bin (it rounded far from 1970), and a KMV union without
+# its combine function.
+STALE_DEFINITIONS = (
+    """
+CREATE OR REPLACE FUNCTION public.strata_window_start(t timestamptz, size_us bigint)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+  SELECT timestamptz 'epoch'
+         + (floor(extract(epoch FROM t) * 1000000 / size_us) * size_us) * interval '1 microsecond'
+$$
+""",
+    """
+CREATE OR REPLACE AGGREGATE public.strata_kmv_union(bigint[]) (
+  SFUNC = public.strata_kmv_add,
+  STYPE = bigint[],
+  INITCOND = '{}'
+)
+""",
+)
+
+FUNCTIONS = """
+SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proacl::text
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'public' AND p.proname LIKE 'strata\\_%' AND p.prokind = 'f'
+"""
+AGGREGATES = """
+SELECT p.oid::regprocedure::text, p.proacl::text, p.proparallel, p.prorettype::regtype::text,
+       a.aggkind, a.aggnumdirectargs,
+       a.aggtransfn::oid::regprocedure::text, a.aggfinalfn::oid::regprocedure::text,
+       a.aggcombinefn::oid::regprocedure::text, a.aggserialfn::oid::regprocedure::text,
+       a.aggdeserialfn::oid::regprocedure::text, a.aggmtransfn::oid::regprocedure::text,
+       a.aggminvtransfn::oid::regprocedure::text, a.aggmfinalfn::oid::regprocedure::text,
+       a.aggfinalextra, a.aggmfinalextra, a.aggfinalmodify, a.aggmfinalmodify,
+       a.aggsortop::regoperator::text, a.aggtranstype::regtype::text, a.aggtransspace,
+       a.aggmtranstype::regtype::text, a.aggmtransspace, a.agginitval, a.aggminitval
+  FROM pg_aggregate a
+  JOIN pg_proc p ON p.oid = a.aggfnoid
+  JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'public' AND p.proname LIKE 'strata\\_%'
+"""
+ROUTINE_XMINS = """
+SELECT p.oid::regprocedure::text, p.xmin::text
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'public' AND p.proname LIKE 'strata\\_%'
+"""
+
+
+def routines(url: str) -> dict[str, tuple[object, ...]]:
+    """Every strata_ function (its definition) and aggregate (its catalog row) in public."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        functions = {row[0]: row[1:] for row in conn.execute(FUNCTIONS)}
+        aggregates = {row[0]: row[1:] for row in conn.execute(AGGREGATES)}
+    assert not functions.keys() & aggregates.keys()
+    return functions | aggregates
+
+
+def defined_in_sql_files() -> set[str]:
+    """The names of the functions and aggregates sql/*.sql creates."""
+    pattern = re.compile(r"CREATE OR REPLACE (?:FUNCTION|AGGREGATE) public\.(\w+)", re.I)
+    return {name for text in catalog.read_sql().values() for name in pattern.findall(text)}
+
+
+def alembic_config(migrations_dir: Path = MIGRATIONS_DIR) -> Config:
+    config = Config(str(migrations_dir / "alembic.ini"))
+    config.set_main_option("script_location", str(migrations_dir))
+    return config
+
+
+def migrate_only(url: str, revision: str) -> None:
+    """Run the migrations up to `revision` and nothing else, as the release that had
+    `revision` as its head did at start-up."""
+    engine = create_catalog_engine(url)
+    try:
+        with engine.connect() as connection:
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+def restore(url: str, dump: Path) -> None:
+    result = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        + ["-d", url, "-f", str(dump)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def start(url: str) -> None:
+    """What a server does to its database at start (and every test fixture too)."""
+    engine = create_catalog_engine(url)
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+
+
+def installs(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT sha256 FROM strata_catalog.function_installs ORDER BY seq")
+        return [sha256 for (sha256,) in rows]
+
+
+@contextmanager
+def fresh_install(pg_url: str) -> Iterator[dict[str, tuple[object, ...]]]:
+    """The functions and aggregates of a brand-new database started by today's server."""
+    with new_database(pg_url) as url:
+        start(url)
+        yield routines(url)
+
+
+def test_the_previous_releases_database_gets_todays_functions_at_start(
+    pg_url: str, fresh_db: str
+) -> None:
+    migrate_only(fresh_db, PREVIOUS_RELEASE_HEAD)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for statement in STALE_DEFINITIONS:
+            conn.execute(statement)
+    with fresh_install(pg_url) as expected:
+        stale = routines(fresh_db)
+        assert stale.keys() == expected.keys()
+        changed = {name for name in expected if stale[name] != expected[name]}
+        assert changed == {
+            "strata_window_start(timestamp with time zone,bigint)",
+            "strata_kmv_union(bigint[])",
+        }, "the test would prove nothing"
+
+        start(fresh_db)
+
+        upgraded = routines(fresh_db)
+        assert {name for name in upgraded if upgraded[name] != expected[name]} == set()
+        assert upgraded == expected
+    # Every object of sql/ is there, the serial functions still reading the catalog as
+    # their owner (migration 0006 made them so; sql/003 now says it too).
+    assert defined_in_sql_files() == {name.split("(")[0] for name in upgraded}
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT bool_and(prosecdef) FROM pg_proc WHERE proname LIKE 'strata_serial_%'"
+        ).fetchone() == (True,)
+    assert installs(fresh_db) == [catalog.sql_fingerprint(catalog.read_sql())]
+
+
+def catalog_schema(url: str) -> dict[str, object]:
+    """Strata's own schema: the catalog's tables, constraints and indexes, and the
+    functions and aggregates in public."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {
+            "columns": sorted(
+                conn.execute(
+                    "SELECT table_name, column_name, ordinal_position, data_type, is_nullable,"
+                    " column_default, is_identity,"
+                    " col_description(format('%I.%I', table_schema, table_name)::regclass,"
+                    " ordinal_position)"
+                    " FROM information_schema.columns WHERE table_schema = 'strata_catalog'"
+                ).fetchall()
+            ),
+            "constraints": sorted(
+                conn.execute(
+                    "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)"
+                    " FROM pg_constraint WHERE connamespace = 'strata_catalog'::regnamespace"
+                ).fetchall()
+            ),
+            "indexes": sorted(
+                conn.execute(
+                    "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'strata_catalog'"
+                ).fetchall()
+            ),
+            "revision": conn.execute(
+                "SELECT version_num FROM strata_catalog.alembic_version"
+            ).fetchall(),
+            "routines": routines(url),
+        }
+
+
+def test_the_migrations_alone_build_0_1_0s_schema(pg_url: str, fresh_db: str) -> None:
+    """Frozen, they do not follow sql/: run today, they build what 0.1.0 built (its dump)."""
+    migrate_only(fresh_db, PREVIOUS_RELEASE_HEAD)
+    with new_database(pg_url) as released:
+        restore(released, V0_1_0)
+        assert catalog_schema(fresh_db) == catalog_schema(released)
+
+
+def test_a_start_with_nothing_changed_installs_nothing(fresh_db: str) -> None:
+    start(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        before = dict(conn.execute(ROUTINE_XMINS).fetchall())
+    assert len(installs(fresh_db)) == 1
+
+    start(fresh_db)
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        assert dict(conn.execute(ROUTINE_XMINS).fetchall()) == before
+    assert len(installs(fresh_db)) == 1
+
+
+def test_a_changed_sql_file_is_installed_at_the_next_start(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start(fresh_db)
+    sql_dir = tmp_path / "sql"
+    shutil.copytree(catalog.SQL_DIR, sql_dir)
+    functions = sql_dir / "001_functions.sql"
+    today = "SELECT date_bin(size_us * interval '1 microsecond', t, timestamptz 'epoch')"
+    fixed = "SELECT date_bin(size_us * interval '1 microsecond', t, 'epoch'::timestamptz)"
+    assert today in functions.read_text()
+    functions.write_text(functions.read_text().replace(today, fixed))
+    monkeypatch.setattr(catalog, "SQL_DIR", sql_dir)
+
+    start(fresh_db)
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        (definition,) = conn.execute(
+            "SELECT pg_get_functiondef('public.strata_window_start'::regproc)"
+        ).fetchone()  # type: ignore[misc]
+    assert "'epoch'::timestamptz" in definition
+    assert len(installs(fresh_db)) == 2
+
+
+def test_a_migration_that_recreates_a_function_is_followed_by_an_install(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later migration may (re)create a function from its frozen SQL, older than sql/
+    (e.g. when upgrading again after a downgrade): sql/ is installed again, although the
+    fingerprint of sql/ is the one recorded."""
+    start(fresh_db)
+    expected = routines(fresh_db)
+    migrations = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS_DIR, migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    (migrations / "versions" / "9999_stale.py").write_text(
+        f'''"""Re-creates strata_window_start as an earlier release had it."""
+
+from alembic import op
+
+revision = "9999"
+down_revision = "{head(MIGRATIONS_DIR)}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute({STALE_DEFINITIONS[0]!r})
+'''
+    )
+    monkeypatch.setattr(catalog, "MIGRATIONS_DIR", migrations)
+
+    start(fresh_db)
+
+    assert routines(fresh_db) == expected
+    assert len(installs(fresh_db)) == 2
+
+
+def head(migrations_dir: Path) -> str:
+    revision = ScriptDirectory.from_config(alembic_config(migrations_dir)).get_current_head()
+    assert revision is not None
+    return revision
+
+
+def test_the_install_is_one_transaction(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that fails leaves every function (and the fingerprint) as it was."""
+    start(fresh_db)
+    before = routines(fresh_db)
+    sql_dir = tmp_path / "sql"
+    shutil.copytree(catalog.SQL_DIR, sql_dir)
+    functions = sql_dir / "001_functions.sql"
+    functions.write_text(
+        functions.read_text().replace("timestamptz 'epoch'", "'epoch'::timestamptz")
+    )
+    (sql_dir / "999_broken.sql").write_text("SELECT no_such_function();\n")
+    monkeypatch.setattr(catalog, "SQL_DIR", sql_dir)
+
+    with pytest.raises(sa.exc.ProgrammingError, match="no_such_function"):
+        start(fresh_db)
+
+    assert routines(fresh_db) == before
+    assert len(installs(fresh_db)) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# A database as 0.1.0 left it (tests/fixtures/releases/make_v0_1_0.py wrote the dump),
+# started by today's server.
+# ---------------------------------------------------------------------------------------
+
+MINUTE = "date_bin('1 minute', t, timestamptz 'epoch')"
+FIVE_MINUTES = "date_bin('5 minutes', t, timestamptz 'epoch')"
+# Each stream of the dump as a batch query over the raw archive (the view clicks).
+V0_1_0_ORACLES = {
+    "clicks_per_minute": (
+        f"SELECT campaign, count(*), sum(price), count(DISTINCT user_id), stddev(price), "
+        f"{MINUTE} + interval '1 minute' FROM clicks GROUP BY campaign, {MINUTE}"
+    ),
+    # A roll-up: each minute counts in the 5-minute window holding it.
+    "clicks_per_5_minutes": (
+        f"SELECT campaign, count(*), sum(price), {FIVE_MINUTES} + interval '5 minutes' "
+        f"FROM clicks GROUP BY campaign, {FIVE_MINUTES}"
+    ),
+    # HOP(1 minute, 5 minutes): a row is in the five windows ending 1 to 5 minutes after
+    # its minute starts.
+    "clicks_sliding": (
+        f"SELECT count(*), count(DISTINCT user_id), {MINUTE} + ends * interval '1 minute' "
+        f"FROM clicks, generate_series(1, 5) AS ends GROUP BY {MINUTE} + ends * interval "
+        "'1 minute'"
+    ),
+    "top_per_5_minutes": (
+        f"SELECT max(n), count(*), w + interval '5 minutes' FROM (SELECT count(*) AS n, "
+        f"{FIVE_MINUTES} AS w FROM clicks GROUP BY campaign, {MINUTE}, w) AS per_minute "
+        "GROUP BY w"
+    ),
+}
+
+
+def wrong_views(strata: Strata) -> list[str]:
+    """The streams whose view differs from its batch query, all read in one snapshot."""
+    wrong = []
+    with psycopg.connect(strata.database_url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for name, oracle in V0_1_0_ORACLES.items():
+            # Counter: equal numbers are equal whatever their type or scale (types have
+            # tests of their own, tests/test_differential.py).
+            view = Counter(conn.execute(f"SELECT * FROM {name}").fetchall())
+            if not view or view != Counter(conn.execute(oracle).fetchall()):
+                wrong.append(name)
+    return wrong
+
+
+def test_todays_server_carries_on_with_a_database_0_1_0_left(
+    pg_url: str, fresh_db: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    # The fresh install also creates strata_reader, whom the dump's grants name (roles are
+    # cluster-wide: the previous release's server had it).
+    with fresh_install(pg_url) as expected:
+        restore(fresh_db, V0_1_0)
+        with psycopg.connect(fresh_db) as conn:
+            assert conn.execute(
+                "SELECT version_num FROM strata_catalog.alembic_version"
+            ).fetchall() == [(PREVIOUS_RELEASE_HEAD,)]
+            assert conn.execute("SELECT count(*) FROM clicks").fetchone() == (290,)
+
+        with strata_client(fresh_db, spark, tmp_path) as strata:
+            listed = {s["name"] for s in strata.client.get("/streams").json()}
+            assert listed == {"clicks", *V0_1_0_ORACLES}
+            assert routines(fresh_db) == expected
+            assert wrong_views(strata) == []
+            progress = strata.client.get("/streams/top_per_5_minutes").json()["progress"]
+            assert progress["serial"]["windows_awaiting_repair"] == 1
+
+            # The late window 0.1.0 left awaiting repair is repaired, as any other.
+            engine, plans = strata.service.engine, strata.service.plans
+            assert Repairer(engine, plans).run_once() == {"top_per_5_minutes": 1}
+            assert wrong_views(strata) == []
+
+            # A new run, late and on time, into every stream, the serial one's closed
+            # windows included.
+            rng = random.Random(5)
+            start = datetime(2025, 3, 1, tzinfo=UTC)
+            minutes = [rng.uniform(0, 90) for _ in range(60)]
+            body = "".join(
+                json.dumps(
+                    {
+                        "campaign": rng.choice(["c1", "c4"]),
+                        "user_id": rng.randrange(30),
+                        "price": str(Decimal(rng.randrange(1, 10**6)) / 10**4),
+                        "t": (start + timedelta(minutes=m)).isoformat(),
+                    }
+                )
+                + "\n"
+                for m in minutes
+            )
+            assert strata.ingest("clicks", body, run_id="after-upgrade")["rows"] == 60
+            assert strata.query("SELECT count(*) FROM clicks") == [(350,)]
+            assert wrong_views(strata) == []
+            Reducer(engine, plans, min_rows=2).run_once()
+            Materializer(engine, plans).run_once()
+            Repairer(engine, plans).run_once()
+            assert wrong_views(strata) == []
