@@ -355,7 +355,6 @@ def through_join(
 def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:
     connection.execute(sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql))
     if isinstance(plan, RawStreamPlan):
-        connection.execute(sa.insert(source_versions).values(stream=plan.name, version=0))
         connection.execute(
             sa.insert(stream_columns),
             [
@@ -368,6 +367,16 @@ def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None
             sa.insert(stream_dependencies),
             [{"stream": plan.name, "depends_on": d} for d in plan.dependencies],
         )
+
+
+def track_versions(connection: sa.Connection, sources: tuple[str, ...]) -> None:
+    """Give the raw streams ``sources`` a commit version (server/ingest/joins.py), in the
+    transaction that creates a join of them: every commit that feeds the join then finds
+    its row to lock (a row a first commit inserted could not be locked by another)."""
+    insert = sa.dialects.postgresql.insert(source_versions)
+    connection.execute(
+        insert.values([{"stream": s, "version": 0} for s in sources]).on_conflict_do_nothing()
+    )
 
 
 def delete_stream(connection: sa.Connection, name: str) -> None:

@@ -155,6 +155,7 @@ class StrataService:
         later finds the join in the catalog and adds its own pairs (server/ingest/joins.py).
         The history is joined by PostgreSQL in UTC, as Spark joins every batch."""
         _lock_sources(connection, plan.raw_sources)
+        catalog.track_versions(connection, plan.raw_sources)
         _execute_plan_sql(connection, "SET LOCAL TIME ZONE 'UTC'")
         _execute_plan_sql(connection, plan.history_statement)
 

@@ -33,12 +33,6 @@ def upgrade() -> None:
         ),
         schema=CATALOG,
     )
-    # Every raw stream has its row from the start: a commit locks it, and a row inserted
-    # by a first commit could not be locked by a concurrent one.
-    op.execute(
-        f"INSERT INTO {CATALOG}.source_versions (stream) "
-        f"SELECT name FROM {CATALOG}.streams WHERE kind = 'raw'"
-    )
 
 
 def downgrade() -> None:
