@@ -392,7 +392,7 @@ def _side(node: exp.Expr, owners: dict[str, int]) -> tuple[int, str, int] | None
     node = node.unnest()
     offset = 0
     if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
-        shift = parse_interval(node.expression)
+        shift = parse_interval(node.expression, "interval in a join condition")
         offset = shift if isinstance(node, exp.Add) else -shift
         node = node.this.unnest()
     if not isinstance(node, exp.Column) or node.name not in owners:

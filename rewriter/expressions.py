@@ -154,7 +154,7 @@ def _interval_us(node: exp.Expr) -> int | None:
         return None
     from rewriter.resolve_window import parse_interval  # one reading of interval literals
 
-    return parse_interval(node)
+    return parse_interval(node, "interval in an expression")
 
 
 def _untyped(node: exp.Expr) -> bool:

@@ -485,6 +485,15 @@ EXPRESSIONS: list[str] = [
     "CAST(n * n AS numeric(24,6))",
     "n::integer + 1",
     "f::bigint",
+    # join conditions: BETWEEN (inclusive, NULL as in AND), moments moved by fixed intervals
+    "i BETWEEN s AND b",
+    "n BETWEEN -1 AND 1.5",
+    "NOT (i BETWEEN 0 AND 10)",
+    "ts BETWEEN t - INTERVAL '1 hour' AND t + INTERVAL '2 days'",
+    "t + INTERVAL '90 minutes'",
+    "t - INTERVAL '1 week' < ts",
+    "t - INTERVAL '1500 milliseconds'",
+    "t + INTERVAL '250 milliseconds' >= t",
 ]
 
 # Known divergences the translation cannot fix; strict, so fixing them shows up here.
