@@ -76,8 +76,10 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
                 "choose aliases without double underscores"
             )
         schema |= entry.schema()
+    preserved = _preserved(select, len(inputs))
     qualified = _qualify(select, inputs)
-    conjuncts = _conjuncts(qualified)
+    matching, filtering = _conditions(qualified)
+    conjuncts = matching + filtering
     for conjunct in conjuncts:
         if infer_type(conjunct, schema) != BOOLEAN:
             raise UnsupportedSQL(f"a join condition must be boolean: {conjunct.sql('postgres')!r}")
@@ -98,6 +100,7 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
     )
     links = tuple(link for c in conjuncts for link in _links(c, inputs, owners))
     archive = table(naming.join_archive_table(name))
+    view = _view(name, columns, outputs, matching, filtering, inputs, preserved)
     return JoinStreamPlan(
         name=name,
         columns=columns,
@@ -127,20 +130,14 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
                 using="brin",
             ),
             *_probe_indexes(planned_inputs, links),
-            create_view(
-                name,
-                exp.select(*(exp.column(c.name, quoted=True) for c in columns)).from_(
-                    archive.copy()
-                ),
-            ),
+            create_view(name, view),
         ),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
             drop("TABLE", archive),
         ),
-        view_query=exp.select(*(exp.column(c.name, quoted=True) for c in columns))
-        .from_(archive.copy())
-        .sql("postgres"),
+        view_query=view.sql("postgres"),
+        preserved=preserved,
     )
 
 
@@ -168,11 +165,11 @@ def _inputs(select: exp.Select, streams: Mapping[str, StreamPlan]) -> list[_Inpu
 def _check_join_kind(join: exp.Join) -> None:
     side = (join.args.get("side") or "").upper()
     kind = (join.args.get("kind") or "").upper()
-    if side or kind in ("SEMI", "ANTI", "OUTER"):
+    if kind in ("SEMI", "ANTI") or (kind == "OUTER" and not side):
         shown = " ".join(p for p in (side, kind, "JOIN") if p)
         raise UnsupportedSQL(
-            f"{shown} is not supported yet: a late match would retract a row already "
-            "emitted; use an inner JOIN (or JOIN ... ON with the condition)"
+            f"{shown} is not supported yet; use an inner JOIN, or LEFT/RIGHT/FULL JOIN of "
+            "two streams"
         )
     if join.args.get("using"):
         columns = ", ".join(c.name for c in join.args["using"])
@@ -268,12 +265,30 @@ def _joined_name(column: exp.Column, inputs: list[_Input]) -> str:
     return naming.join_column(owners[0].alias, name)
 
 
-def _conjuncts(select: exp.Select) -> list[exp.Expr]:
-    """The ANDed conditions of every ON and of WHERE."""
-    conditions = [j.args["on"] for j in select.args.get("joins") or [] if j.args.get("on")]
+def _preserved(select: exp.Select, inputs: int) -> tuple[int, ...]:
+    """The inputs an outer join keeps every row of (LEFT: the first, RIGHT: the second,
+    FULL: both); outer joins take two inputs."""
+    joins = select.args.get("joins") or []
+    sides = [(j.args.get("side") or "").upper() for j in joins]
+    if not any(sides):
+        return ()
+    if inputs != 2:
+        raise UnsupportedSQL(
+            f"{sides[-1] or sides[0]} JOIN is supported between two streams; join the others "
+            "with an inner JOIN in a stream of their own first"
+        )
+    return {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}[sides[0]]
+
+
+def _conditions(select: exp.Select) -> tuple[list[exp.Expr], list[exp.Expr]]:
+    """The ANDed conditions of every ON (what matches) and of WHERE (what is kept of the
+    joined rows, NULL-padded ones of an outer join included)."""
+    on = [j.args["on"] for j in select.args.get("joins") or [] if j.args.get("on")]
     where = select.args.get("where")
-    if where is not None:
-        conditions.append(where.this)
+    return _flat(on), _flat([where.this] if where is not None else [])
+
+
+def _flat(conditions: list[exp.Expr]) -> list[exp.Expr]:
     flat: list[exp.Expr] = []
     for condition in conditions:
         parts = condition.flatten() if isinstance(condition, exp.And) else [condition]
@@ -534,6 +549,76 @@ def _spark_query(
     query = query.select(*items)
     if conjuncts:
         query = query.where(exp.and_(*(to_spark(c, schema) for c in conjuncts)))
+    return query
+
+
+def _view(
+    name: str,
+    columns: tuple[ColumnSpec, ...],
+    outputs: list[tuple[str, exp.Expr]],
+    matching: list[exp.Expr],
+    filtering: list[exp.Expr],
+    inputs: list[_Input],
+    preserved: tuple[int, ...],
+) -> exp.Query:
+    """The view: the archived rows of the inner join and, for an outer join, the rows of
+    each preserved input that nothing matches, padded with NULLs. Those are found on read
+    (NOT EXISTS against the other input's archive, in the reader's snapshot): a late match
+    removes a padded row at the instant it commits, as in the batch query."""
+    archived: exp.Query = exp.select(*(exp.column(c.name, quoted=True) for c in columns)).from_(
+        table(naming.join_archive_table(name))
+    )
+    for kept in preserved:
+        archived = exp.union(
+            archived,
+            _unmatched(columns, outputs, matching, filtering, inputs, kept),
+            distinct=False,
+        )
+    return archived
+
+
+def _unmatched(
+    columns: tuple[ColumnSpec, ...],
+    outputs: list[tuple[str, exp.Expr]],
+    matching: list[exp.Expr],
+    filtering: list[exp.Expr],
+    inputs: list[_Input],
+    kept: int,
+) -> exp.Select:
+    """Rows of input ``kept`` that no row of the other input matches, the other input's
+    columns NULL. Inside NOT EXISTS the other input's joined names (alias__column) are its
+    own; the kept input's resolve to the outer row."""
+    other = 1 - kept
+    nulls = exp.select(
+        *(
+            exp.alias_(exp.cast(exp.null(), t.pg()), column, quoted=True)
+            for column, t in inputs[other].schema().items()
+        )
+    )
+    frames: list[exp.Expr] = [exp.null(), exp.null()]
+    frames[kept] = _input_select(
+        inputs[kept], table(naming.raw_archive_table(inputs[kept].source.name)), spark=False
+    ).subquery(naming.join_input_alias(kept))
+    frames[other] = nulls.subquery(naming.join_input_alias(other))
+    match = _input_select(
+        inputs[other], table(naming.raw_archive_table(inputs[other].source.name)), spark=False
+    ).subquery("strata_match")
+    probe = exp.select(exp.Literal.number(1)).from_(match)
+    if matching:
+        probe = probe.where(exp.and_(*(c.copy() for c in matching)))
+    query = (
+        exp.select(
+            *(
+                exp.alias_(exp.cast(e.copy(), c.type.pg()), n, quoted=True)
+                for (n, e), c in zip(outputs, columns, strict=True)
+            )
+        )
+        .from_(frames[0])
+        .join(frames[1], join_type="CROSS")
+        .where(exp.Not(this=exp.Exists(this=probe)))
+    )
+    if filtering:
+        query = query.where(exp.and_(*(c.copy() for c in filtering)))
     return query
 
 

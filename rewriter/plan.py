@@ -261,6 +261,9 @@ class JoinStreamPlan:
     create_statements: tuple[str, ...]
     drop_statements: tuple[str, ...]
     view_query: str
+    # The inputs an outer join keeps every row of (empty for an inner join). The archive
+    # holds the inner join; the view adds their unmatched rows, padded with NULLs, on read.
+    preserved: tuple[int, ...] = ()
 
     @property
     def raw_sources(self) -> tuple[str, ...]:

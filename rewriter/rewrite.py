@@ -53,6 +53,11 @@ def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
     window = resolve_window(select, streams)
+    if isinstance(window.source, JoinStreamPlan) and window.source.preserved:
+        raise UnsupportedSQL(
+            f"streams over the outer join {window.source.name!r} are not supported yet (a late "
+            "match replaces a NULL-padded row); build them over an inner join"
+        )
     try:
         if select.args.get("distinct"):
             raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")

@@ -111,6 +111,8 @@ def _join(plan: JoinStreamPlan) -> dict[str, object]:
             "its rows can match (by the probes, through indexes), and Spark joins them "
             "(broadcast hash join for slices under 10 MB, shuffle otherwise)",
             "archive_table": f"{INTERNAL_SCHEMA}.{join_archive_table(plan.name)}",
+            # An outer join's view adds the unmatched rows of these inputs on read.
+            "preserved": [plan.inputs[k].alias for k in plan.preserved],
         },
         "rewrite": {
             "view_sql": plan.view_query,
