@@ -502,3 +502,44 @@ def test_outer_joins_pad_what_nothing_matches_until_a_late_match_arrives(
     padded = strata.query(f"SELECT count(*) FROM {joined} WHERE NOT ({both})")[0][0]
     matched = strata.query(f"SELECT count(*) FROM {joined} WHERE {both}")[0][0]
     assert padded > 0 and matched > 0
+
+
+def test_keys_of_different_types_match_as_in_postgresql(module_strata: Strata) -> None:
+    """bigint keys beyond integer's range probe an integer column (and numeric keys an
+    integer one) without an overflow: they simply match nothing."""
+    strata = module_strata
+    n = next(_names)
+    wide, narrow, joined = f"wide_{n}", f"narrow_{n}", f"typed_{n}"
+    strata.create(
+        f"CREATE STREAM {wide} (k bigint, d numeric(6,2), t timestamptz) WITH (event_time = 't')"
+    )
+    strata.create(f"CREATE STREAM {narrow} (k integer, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        f"CREATE STREAM {joined} AS SELECT w.k, w.d, n.t FROM {wide} w JOIN {narrow} n "
+        "ON n.k = w.k OR n.k = w.d"
+    )
+    strata.create(
+        f"CREATE STREAM {joined}_eq AS SELECT w.k, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k"
+    )
+    strata.ingest(narrow, ndjson([{"k": 7, "t": at(1)}, {"k": 2, "t": at(2)}]))
+    strata.ingest(
+        wide,
+        ndjson(
+            [
+                {"k": 2**40, "d": "7.00", "t": at(3)},
+                {"k": 7, "d": "2.50", "t": at(4)},
+                {"k": -(2**35), "d": None, "t": at(5)},
+            ]
+        ),
+    )
+    same(
+        strata,
+        f"SELECT k, d, t FROM {joined}",
+        f"SELECT w.k, w.d, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k OR n.k = w.d",
+    )
+    same(
+        strata,
+        f"SELECT k, t FROM {joined}_eq",
+        f"SELECT w.k, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k",
+    )
+    assert strata.query(f"SELECT count(*) FROM {joined}_eq") == [(1,)]

@@ -171,18 +171,15 @@ def _conditions(
     conditions: list[sql.Composable] = []
     if entry.filter_sql is not None:
         conditions.append(sql.SQL(entry.filter_sql))  # the rewriter's PostgreSQL, no input
-    types = {c.name: c.type.pg() for c in entry.columns}
     for link in plan.links:
         if link.target == target and link.bound in known:
-            condition = _restriction(link, plan, known[link.bound], types)
+            condition = _restriction(link, plan, known[link.bound])
             if condition is not None:
                 conditions.append(condition)
     return conditions
 
 
-def _restriction(
-    link: ProbeLink, plan: JoinStreamPlan, bound: pa.Table, types: dict[str, str]
-) -> sql.Composable | None:
+def _restriction(link: ProbeLink, plan: JoinStreamPlan, bound: pa.Table) -> sql.Composable | None:
     column = sql.Identifier(link.column)
     values = bound.column(link.bound_column)
     if link.kind is ProbeKind.EQUAL:
@@ -191,8 +188,13 @@ def _restriction(
             return None
         if len(distinct) == 0:
             return sql.SQL("false")  # NULL keys match nothing
+        # The values keep the bound column's type: the target column may be narrower
+        # (integer = bigint), and PostgreSQL compares across the two.
+        bound_type = next(
+            c.type for c in plan.inputs[link.bound].columns if c.name == link.bound_column
+        )
         array = sql.Literal(distinct.to_pylist())
-        return sql.SQL("{} = ANY({}::{}[])").format(column, array, sql.SQL(types[link.column]))
+        return sql.SQL("{} = ANY({}::{}[])").format(column, array, sql.SQL(bound_type.pg()))
     if values.null_count == len(values):
         return sql.SQL("false")  # NULL bounds match nothing
     shift = timedelta(microseconds=link.offset_us)
