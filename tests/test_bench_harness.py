@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.harness import data
+from bench.harness import data, lateness
 from bench.harness import percentile as percentile_module
 from bench.harness.percentile import percentile
 
 
-@pytest.mark.parametrize("module", [percentile_module, data], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [percentile_module, data, lateness], ids=lambda m: m.__name__)
 def test_docstring_examples(module: ModuleType) -> None:
     failures, tried = doctest.testmod(module)
     assert tried and not failures
