@@ -10,6 +10,7 @@ and its baseline:
 * ``data``: generated runs (CSV bodies) and the event-time text of their rows;
 * ``lateness``: how generated runs arrive late (profiles, late runs, arrival order);
 * ``impressions``: the ad-impression workload (rows, streams, oracles);
+* ``nexmark``: the Nexmark-shaped auction workload (auctions, bids, their raw streams);
 * ``database``: PostgreSQL: a scratch database, the COPY baseline, timed queries;
 * ``sss``: Spark Structured Streaming as a baseline (sinks into PostgreSQL, jobs).
 """
