@@ -104,7 +104,12 @@ def test_ndjson_and_csv_runs_reach_raw_archive_and_views(strata: Strata) -> None
         "rows": 3,
         "error": None,
     }
-    assert strata.client.get("/runs/nope").status_code == 404
+    missing = strata.client.get("/runs/nope")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "run 'nope' does not exist"}
+    # The error metric names what was missing: a run, not a stream.
+    metrics = strata.client.get("/metrics").text
+    assert 'strata_http_errors_total{error="UnknownRun",status="404"} 1.0' in metrics
 
 
 def test_run_without_wait_is_accepted_then_committed(strata: Strata) -> None:

@@ -25,3 +25,22 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_command() -> None:
     assert commands == ["python3 dev.py up", "python3 dev.py test"]
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
     assert "python3 dev.py test" in ci
+
+
+def test_strata_settings_are_read_in_settings_only() -> None:
+    """Configuration is read once, in Settings: no other module of the server reads a
+    STRATA_ variable (the crash tests' fault hook aside). Other environment variables the
+    server touches are the child processes' own (JAVA_HOME, PYSPARK_PYTHON, PG*)."""
+    root = Path(__file__).resolve().parent.parent / "server"
+    allowed = {root / "settings.py", root / "faults.py"}
+    readers = re.compile(
+        r"(environ\.get|getenv)\(\s*[\"']STRATA_|environ\[\s*[\"']STRATA_\w*[\"']\](?!\s*=[^=])"
+    )
+    offenders = [
+        f"{path.relative_to(root.parent)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        if path not in allowed
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if readers.search(line)
+    ]
+    assert not offenders, offenders
