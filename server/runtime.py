@@ -26,7 +26,7 @@ from server.metrics import Metrics
 from server.pgwire.server import SqlPort
 from server.security import configure_reader, secret
 from server.service import StrataService
-from server.settings import Settings
+from server.settings import ALL_WORKERS, Settings
 from server.workers.backfill import Backfiller
 from server.workers.loop import Worker
 from server.workers.reducer import Reducer
@@ -113,6 +113,9 @@ def assemble(
         Materializer(engine, plans, interval=settings.serial_interval, metrics=metrics),
         Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics),
     ]
+    # Every name Settings accepts is a worker's: a name that wires nothing would leave a
+    # worker silently off.
+    assert {w.name for w in every} == set(ALL_WORKERS), "Settings.workers names every worker"
     workers: dict[str, Worker] = {w.name: w for w in every if w.name in settings.workers}
     sql_port = SqlPort(service, settings, database_url)
     return Runtime(settings, database_url, engine, backend, service, sql_port, workers)

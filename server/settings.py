@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The background workers `strata up` runs (server/workers/), by name.
-WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repairer"]
+WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repair"]
 ALL_WORKERS: tuple[WorkerName, ...] = get_args(WorkerName)
 
 
@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
         ALL_WORKERS,
         description="The background workers to run, comma-separated, from backfill, reducer, "
-        "retention, materializer, repairer (default: all). A worker left out does nothing "
+        "retention, materializer, repair (default: all). A worker left out does nothing "
         "until a later start includes it: views stay exact, archives are just not compacted, "
         "materialized, repaired or back-filled meanwhile.",
     )

@@ -224,3 +224,16 @@ def test_fresh_db_is_a_new_empty_database(fresh_db: str, pg_url: str) -> None:
         conn.execute("CREATE TABLE only_here (x int)")
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT to_regclass('only_here')").fetchone() == (None,)
+
+
+def test_every_worker_name_of_the_settings_wires_a_worker() -> None:
+    """STRATA_WORKERS names the workers `strata up` runs: each name is a worker's, so that
+    none is silently left off (a repairer named otherwise once was)."""
+    from server.settings import ALL_WORKERS, DEFAULTS
+    from server.workers.backfill import Backfiller
+    from server.workers.reducer import Reducer
+    from server.workers.retention import Retention
+    from server.workers.serial import Materializer, Repairer
+
+    classes = (Backfiller, Reducer, Retention, Materializer, Repairer)
+    assert {c.name for c in classes} == set(ALL_WORKERS) == set(DEFAULTS.workers)
