@@ -641,3 +641,34 @@ def test_notifications_are_relayed_while_idle(module_strata: Strata) -> None:
         sender.execute("NOTIFY strata_test, 'hello'")
         received = next(listener.notifies(timeout=10))
         assert (received.channel, received.payload) == ("strata_test", "hello")
+
+
+def test_a_join_stream_over_two_copies(module_strata: Strata, names: tuple[str, str]) -> None:
+    """Both sides of a join loaded by COPY through the port; EXPLAIN STREAM shows the join."""
+    suffix = names[0].split("_", 1)[1]
+    left, right, joined = f"l_{suffix}", f"r_{suffix}", f"j_{suffix}"
+    url = module_strata.psql_url
+    for side, column in ((left, "v"), (right, "w")):
+        psql(
+            url,
+            "-c",
+            f"CREATE STREAM {side} (k integer, {column} integer, t timestamptz) "
+            "WITH (event_time = 't')",
+        )
+    psql(
+        url,
+        "-c",
+        f"CREATE STREAM {joined} AS SELECT l.k, l.v, r.w, l.t "
+        f"FROM {left} l JOIN {right} r ON l.k = r.k",
+    )
+    psql(
+        url,
+        "-c",
+        f"\\copy {left} FROM pstdin CSV",
+        stdin="1,10,2026-11-21T10:00:00Z\n2,20,2026-11-21T10:00:00Z\n",
+    )
+    psql(url, "-c", f"\\copy {right} FROM pstdin CSV", stdin="1,100,2026-11-21T11:00:00Z\n")
+    rows = psql(url, "-At", "-F", ",", "-c", f"SELECT k, v, w FROM {joined}").stdout.split()
+    assert rows == ["1,10,100"]
+    plan = psql(url, "-At", "-c", f"EXPLAIN STREAM {joined}").stdout
+    assert f"Join input l: {left}" in plan and "Join archive:" in plan

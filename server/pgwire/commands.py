@@ -207,6 +207,18 @@ def explain(described: dict[str, object]) -> list[str]:
                 lines += _block(title, str(rewrite[key]))
         for branch in rewrite.get("branches") or []:
             lines += _block(f"Branch over {branch['source']} (Spark)", branch["spark_query"])
+        join = described.get("join")
+        if isinstance(join, dict):
+            for given in join["inputs"]:
+                lines.append(
+                    f"  Join input {given['alias']}: {given['source']}"
+                    + (f", {given['window']}" if given.get("window") else "")
+                    + (f", where {given['filter']}" if given.get("filter") else "")
+                )
+            lines.append(f"  Join archive: {join['archive_table']}")
+            lines += _block("Join strategy", str(join["strategy"]))
+            for index, term in enumerate(rewrite.get("term_queries") or [], start=1):
+                lines += _block(f"Join term {index} (Spark, per batch)", str(term))
     dependents = described.get("dependents")
     if dependents:
         lines.append(f"  Streams derived from it: {', '.join(dependents)}")  # type: ignore[arg-type]
