@@ -325,3 +325,23 @@ def test_row_description_and_data_rows_are_what_psycopg_reads() -> None:
     count = struct.unpack("!h", description[5:7])[0]
     assert count == 2 and b"name\0" in description
     assert struct.unpack("!i", description[-12:-8]) == (20,)  # the last column's type
+
+
+def test_every_strata_error_has_a_sqlstate() -> None:
+    """As every error has an HTTP status (server/api/errors.py), it has a SQLSTATE."""
+    import inspect
+
+    from rewriter import errors as sql_errors
+    from rewriter.errors import StrataError
+    from server import errors as service_errors
+    from server.pgwire.errors import SQLSTATE
+
+    kinds = [
+        kind
+        for module in (sql_errors, service_errors)
+        for _, kind in inspect.getmembers(module, inspect.isclass)
+        if issubclass(kind, StrataError) and kind is not StrataError
+    ]
+    assert len(kinds) > 15
+    for kind in kinds:
+        assert any(k in SQLSTATE for k in kind.__mro__), f"{kind.__name__} has no SQLSTATE"
