@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 
 
 def test_discovery_and_the_readme_section(tmp_path: Path) -> None:
-    assert {"ingest", "reduce", "backfill", "joins"} <= set(runner.discover())
+    assert {"ingest", "reduce", "backfill", "joins", "pgwire"} <= set(runner.discover())
     assert not {"run", "__init__", "harness"} & set(runner.discover())
     (tmp_path / "helper.py").write_text("def helper() -> None: ...\n")
     (tmp_path / "mine.py").write_text("def benchmark(scale: str) -> list: ...\n")
