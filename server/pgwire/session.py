@@ -210,8 +210,9 @@ class Session:
         self._upstream = Upstream(upstream_reader, upstream_writer, self.client_writer)
         if not await self._upstream.authenticate(packet, self.client):
             return False
-        # Strata's statements are served where Strata's streams are.
-        self._strata = self.database == self.port.database
+        # Strata's statements are served where Strata's streams are, and not to replication
+        # connections (their commands are PostgreSQL's walsender's).
+        self._strata = self.database == self.port.database and not parameters.get("replication")
         return True
 
     # ---- the client's messages ------------------------------------------------------
@@ -630,6 +631,7 @@ class Session:
         return await loop.run_in_executor(self.port.executor, function, *args)
 
 
+_NO = ("false", "off", "no", "0")
 # Messages that name a prepared statement or portal, and what their answers are.
 _NAMED = {
     b"B": Expect.BIND,
