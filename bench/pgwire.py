@@ -11,15 +11,16 @@ What it does, in one process tree:
 2. starts ``strata up`` (bench.harness.server) and reads ``psql_url``, its SQL port;
 3. creates raw streams of the same columns, each with the ingest benchmark's three derived
    streams (1-minute count and revenue, 5-minute average and maximum price, the hourly
-   roll-up): one for a COPY of all the rows, and per turn one for HTTP and one for COPYs;
+   roll-up), one per load and turn;
 4. after an untimed warm-up (a run over HTTP and a COPY, into a stream of their own),
    loads, one after the other: the baseline ``COPY impsns_plain FROM STDIN (FORMAT csv)``
-   of every body into a plain table (bench.harness.database); one ``COPY impsns_copy FROM
-   STDIN (FORMAT csv, HEADER, RUN_ID ...)`` of all the rows through the port (one run; the
-   clock stops at ``COPY n``, which the port answers once the run is committed); then, in
-   two turns into fresh streams, each way first once (the second meets a warmer JVM and
-   PostgreSQL; each way's better turn counts), the bodies over HTTP from ``--threads``
-   clients with ``wait=true`` and as a COPY per body from ``--threads`` sessions;
+   of every body into a plain table (bench.harness.database); then, in two turns into
+   fresh streams, the order reversed in the second (a load that comes later meets a warmer
+   JVM and PostgreSQL; each load's better turn counts): the bodies over HTTP from
+   ``--threads`` clients with ``wait=true``, a ``COPY ... FROM STDIN (FORMAT csv, HEADER,
+   RUN_ID ...)`` per body through the port from ``--threads`` sessions, and one such COPY
+   of all the rows (one run); a COPY's clock stops at ``COPY n``, which the port answers
+   once the run is committed;
 5. checks every raw stream against the plain table, and every view against its batch query;
 6. pgbench: ``pgbench -i`` into Strata's database (directly), then ``pgbench -S`` (its
    select-only script) with 4 clients for ``--pgbench-seconds``, in the simple and the
@@ -68,22 +69,19 @@ from bench.harness.server import (
 )
 from server.engines.embedded_pg import POSTGRES_BIN_PATH
 
-ONE_COPY_RAW = "impsns_copy"
-# The runs over HTTP and as COPYs, in ROUNDS turns into fresh streams, each way first once:
-# whichever goes second meets a warmer JVM and PostgreSQL, so each way's better turn counts.
+# The three loads, in ROUNDS turns into fresh streams, the order reversed every other
+# turn: a load that comes later meets a warmer JVM and PostgreSQL, so each load's better
+# turn counts.
 ROUNDS = 2
+WAYS = ("http", "copies", "one")
 
 
-def http_raw(turn: int) -> str:
-    return f"impsns_http{turn}"
-
-
-def run_copy_raw(turn: int) -> str:
-    return f"impsns_runs{turn}"
+def raw_of(way: str, turn: int) -> str:
+    return f"impsns_{way}{turn}"
 
 
 def raw_streams() -> list[str]:
-    return [ONE_COPY_RAW] + [f(t) for t in range(ROUNDS) for f in (http_raw, run_copy_raw)]
+    return [raw_of(way, turn) for turn in range(ROUNDS) for way in WAYS]
 
 
 PGBENCH_MODES = ("simple", "prepared")
@@ -104,10 +102,10 @@ def copy_once(psql_url: str, raw: str, body: bytes, run_id: str) -> int:
         return cursor.rowcount
 
 
-def copy_all(psql_url: str, data: Dataset) -> Timing:
+def copy_all(psql_url: str, data: Dataset, raw: str) -> Timing:
     body = one_body(data)
     started = time.monotonic()
-    rows = copy_once(psql_url, ONE_COPY_RAW, body, "one-copy")
+    rows = copy_once(psql_url, raw, body, f"{raw}-all")
     seconds = time.monotonic() - started
     if rows != data.rows:
         raise BenchError(f"the COPY of all rows answered COPY {rows}, not {data.rows}")
@@ -134,21 +132,22 @@ def copy_runs(psql_url: str, data: Dataset, threads: int, raw: str) -> Timing:
     return Timing("SQL port: COPY per run", data.rows, seconds, notes, extra)
 
 
-def take_turns(server: Server, data: Dataset, threads: int) -> tuple[list[Timing], list[Timing]]:
-    """The runs over HTTP and as COPYs through the port, ROUNDS times into fresh streams,
-    each way going first in turn."""
-    https: list[Timing] = []
-    copies: list[Timing] = []
+def take_turns(server: Server, data: Dataset, threads: int) -> dict[str, list[Timing]]:
+    """Each load (WAYS) once per turn, into fresh streams, in reversed order every other
+    turn: the runs over HTTP, a COPY per run through the port, and one COPY of all rows."""
+    taken: dict[str, list[Timing]] = {way: [] for way in WAYS}
     for turn in range(ROUNDS):
-        for way in ("http", "copy") if turn % 2 == 0 else ("copy", "http"):
+        for way in WAYS if turn % 2 == 0 else WAYS[::-1]:
+            raw = raw_of(way, turn)
             if way == "http":
-                timing = post_runs(server, data, threads, "wait", http_raw(turn))
-                https.append(timing)
+                timing = post_runs(server, data, threads, "wait", raw)
+            elif way == "copies":
+                timing = copy_runs(server.psql_url, data, threads, raw)
             else:
-                timing = copy_runs(server.psql_url, data, threads, run_copy_raw(turn))
-                copies.append(timing)
+                timing = copy_all(server.psql_url, data, raw)
             timing.name += f" ({turn + 1})"
-    return https, copies
+            taken[way].append(timing)
+    return taken
 
 
 def warm_up(client: httpx.Client, psql_url: str, data: Dataset) -> float:
@@ -263,11 +262,10 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
                 timings.append(Timing("warm-up", 0, warm_up(client, server.psql_url, data)))
         load_before = os.getloadavg()[0]
         plain = copy_baseline(server.database_url, data, PLAIN, COLUMNS)
-        one = copy_all(server.psql_url, data)
-        https, per_runs = take_turns(server, data, args.threads)
+        taken = take_turns(server, data, args.threads)
         load_after = os.getloadavg()[0]
-        http, per_run = (max(t, key=lambda t: t.rows_per_s) for t in (https, per_runs))
-        timings += [plain, one, *https, *per_runs]
+        http, per_run, one = (max(taken[w], key=lambda t: t.rows_per_s) for w in WAYS)
+        timings += [plain, *(t for way in WAYS for t in taken[way])]
 
         checked = time.monotonic()
         problems = verify(server.database_url, data.rows)
