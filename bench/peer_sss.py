@@ -78,14 +78,8 @@ from bench.harness.api import post_runs
 from bench.harness.data import HOUR_MS, Dataset
 from bench.harness.database import copy_baseline, fetch_one, scalar
 from bench.harness.errors import BenchError
-from bench.harness.impressions import (
-    COLUMNS,
-    HOURS_LATE,
-    ON_TIME,
-    PLAIN,
-    create_streams,
-    generate,
-)
+from bench.harness.impressions import COLUMNS, PLAIN, create_streams, generate
+from bench.harness.lateness import HOURS_LATE, ON_TIME
 from bench.harness.percentile import percentile
 from bench.harness.results import Result, Timing, check_scale, latency_results, print_table
 from bench.harness.server import Server, clean_up, stop_problems, stop_server

@@ -17,7 +17,10 @@ bench/results/smoke for the smoke scale):
 
 At the full scale it also replaces the part of README.md between ``<!-- bench:start -->``
 and ``<!-- bench:end -->`` with the table (``--readme`` names another file, for tests;
-``--no-readme`` leaves it alone). A benchmark that fails does not stop the others; the
+``--no-readme`` leaves it alone). With ``--only``, the table and the chart also show the
+other benchmarks as their last run at the same scale left them in ``--out``
+(``<name>.json``, dated in the table's heading), so that running one benchmark updates
+its rows and keeps the others'. A benchmark that fails does not stop the others; the
 runner exits non-zero if any failed.
 """
 
@@ -68,6 +71,30 @@ class Outcome:
         }
 
 
+def load(path: Path) -> Outcome:
+    """The outcome ``write`` saved as ``path`` (``<name>.json``)."""
+    saved = json.loads(path.read_text())
+    results = [
+        Result(**{k: v for k, v in figure.items() if k != "ratio"}) for figure in saved["figures"]
+    ]
+    return Outcome(
+        saved["benchmark"],
+        saved["scale"],
+        saved["started_at"],
+        saved["seconds"],
+        results,
+        saved["error"],
+    )
+
+
+def earlier(out: Path, names: list[str], scale: str) -> list[Outcome]:
+    """The last outcomes of the benchmarks ``names`` at ``scale`` saved in ``out``, where
+    there are some."""
+    paths = (out / f"{name}.json" for name in names)
+    found = [load(path) for path in paths if path.exists()]
+    return [o for o in found if o.scale == scale]
+
+
 def discover(directory: Path = BENCH) -> list[str]:
     """Modules of ``directory`` that define ``benchmark(...)`` at the top level, by name; read
     as text, so that nothing is imported for nothing."""
@@ -114,9 +141,11 @@ def _ratio(ratio: float) -> str:
 
 def table(outcomes: list[Outcome], scale: str) -> str:
     """The Markdown table of every figure (with a line on when, where, and the failures)."""
-    when = min((o.started_at for o in outcomes), default="")
+    dates = {o.name: o.started_at[:10] for o in outcomes}
+    when = min(dates.values(), default="")
+    others = "".join(f"; {name}: {date}" for name, date in dates.items() if date != when)
     lines = [
-        f"Scale `{scale}`, {when[:10]}, {os.cpu_count()} CPUs; ratio = Strata / baseline, "
+        f"Scale `{scale}`, {when}{others}, {os.cpu_count()} CPUs; ratio = Strata / baseline, "
         "both measured in the same run (`make bench` regenerates this table).",
         "",
         "| benchmark | figure | Strata | baseline | ratio | better |",
@@ -189,13 +218,22 @@ def replace_section(text: str, body: str) -> str:
     return text[: start + len(START)] + "\n" + body + text[end:]
 
 
-def write(outcomes: list[Outcome], scale: str, out: Path, readme: Path | None) -> str:
+def write(
+    outcomes: list[Outcome],
+    scale: str,
+    out: Path,
+    readme: Path | None,
+    kept: list[Outcome] | None = None,
+) -> str:
+    """``<name>.json`` of each of ``outcomes``; the table (summary.md, and ``readme``'s
+    section) and the chart of them and of ``kept``, earlier outcomes of other benchmarks."""
     out.mkdir(parents=True, exist_ok=True)
     for o in outcomes:
         (out / f"{o.name}.json").write_text(json.dumps(o.to_dict(), indent=2) + "\n")
-    summary = table(outcomes, scale)
+    shown = sorted([*outcomes, *(kept or [])], key=lambda o: o.name)
+    summary = table(shown, scale)
     (out / "summary.md").write_text(summary)
-    chart(outcomes, scale, out / "summary.png")
+    chart(shown, scale, out / "summary.png")
     if readme is not None:
         readme.write_text(replace_section(readme.read_text(), summary))
     return summary
@@ -214,22 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the benchmarks and stop")
     args = parser.parse_args(argv)
     scale = check_scale(args.scale)
-    names = discover()
+    every = discover()
     if args.list:
-        print("\n".join(names))
+        print("\n".join(every))
         return 0
+    names = every
     if args.only:
-        unknown = sorted(set(args.only) - set(names))
+        unknown = sorted(set(args.only) - set(every))
         if unknown:
-            parser.error(f"no such benchmark: {', '.join(unknown)} (there are {', '.join(names)})")
-        names = [n for n in names if n in args.only]
+            parser.error(f"no such benchmark: {', '.join(unknown)} (there are {', '.join(every)})")
+        names = [n for n in every if n in args.only]
     out = args.out or (BENCH / "results" / ("smoke" if scale == "smoke" else ""))
     target = None if args.no_readme else args.readme or (README if scale == "full" else None)
     if target is not None and START not in target.read_text():
         parser.error(f"{target} has no {START} ... {END} section to replace")
 
+    kept = earlier(out, [n for n in every if n not in names], scale)
     outcomes = [run_one(name, scale) for name in names]
-    print("\n" + write(outcomes, scale, out, target))
+    print("\n" + write(outcomes, scale, out, target, kept))
     print(f"results in {out}" + (f"; {target} updated" if target else ""))
     failed = [o.name for o in outcomes if o.error]
     if failed:

@@ -2,6 +2,7 @@
 
 from rewriter.errors import StrataError
 from rewriter.plan import (
+    JoinStreamPlan,
     ParallelAggregatePlan,
     Parallelism,
     ProjectionStreamPlan,
@@ -13,6 +14,7 @@ from rewriter.plan import (
 from rewriter.rewrite import rewrite
 
 __all__ = [
+    "JoinStreamPlan",
     "ParallelAggregatePlan",
     "Parallelism",
     "ProjectionStreamPlan",

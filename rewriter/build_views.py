@@ -10,6 +10,7 @@ from rewriter import naming
 from rewriter.ddl import column_def, create_index, create_table, create_view, drop, table
 from rewriter.plan import (
     AggregateState,
+    JoinStreamPlan,
     OutputColumn,
     ParallelAggregatePlan,
     PlannedAggregate,
@@ -18,13 +19,7 @@ from rewriter.plan import (
 )
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_query import SplitQuery
-
-
-def window_start_spark(time_column: str, size_us: int) -> exp.Expr:
-    """Start of the epoch-aligned window holding ``time_column``, computed in microseconds."""
-    micros = exp.func("unix_micros", exp.column(time_column, quoted=True))
-    offset = exp.func("pmod", micros.copy(), exp.Literal.number(size_us))
-    return exp.func("timestamp_micros", exp.Sub(this=micros, expression=offset))
+from rewriter.window_forms import window_start_spark
 
 
 def partial_query(split: SplitQuery, input_view: str, time_column: str, pane_us: int) -> str:
@@ -218,6 +213,14 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
         reason = (
             f"every aggregate is decomposable; computed per run of {', '.join(raw_sources)} "
             f"through {source.name!r}"
+        )
+    elif isinstance(source, JoinStreamPlan):
+        raw_sources = source.raw_sources
+        input_view = naming.join_view(source.name)
+        time_column = window.time_column
+        reason = (
+            "every aggregate is decomposable; computed per run over the rows each run adds "
+            f"to the join {source.name!r}"
         )
     else:
         raw_sources = (source.name,)

@@ -47,7 +47,12 @@ def create_view(name: str, query: exp.Query) -> str:
 
 
 def create_index(
-    name: str, target: exp.Table, columns: list[exp.Expr], *, using: str | None = None
+    name: str,
+    target: exp.Table,
+    columns: list[exp.Expr],
+    *,
+    using: str | None = None,
+    if_not_exists: bool = False,
 ) -> str:
     params = exp.IndexParameters(columns=[exp.Ordered(this=c) for c in columns])
     if using is not None:
@@ -55,6 +60,7 @@ def create_index(
     return exp.Create(
         this=exp.Index(this=exp.to_identifier(name), table=target.copy(), params=params),
         kind="INDEX",
+        exists=if_not_exists,
     ).sql("postgres")
 
 

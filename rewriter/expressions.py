@@ -24,7 +24,8 @@ Schema = Mapping[str, SqlType]
 
 SUPPORTED_EXPRESSIONS = (
     "columns, literals, + - * / %, comparisons, AND/OR/NOT, IS [NOT] NULL, "
-    "CASE, COALESCE, CAST to a number type, ||, lower(), upper(), abs()"
+    "CASE, COALESCE, CAST to a number type, ||, lower(), upper(), abs(), BETWEEN, "
+    "timestamptz + or - a fixed INTERVAL"
 )
 
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
@@ -77,6 +78,16 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         return TEXT
     if isinstance(node, exp.Neg | exp.Abs):
         return _require_number(node, infer_type(node.this, schema))
+    if isinstance(node, exp.Add | exp.Sub) and _interval_us(node.expression) is not None:
+        # A moment shifted by a fixed duration (join bands: s2.t - INTERVAL '1 minute').
+        moment = infer_type(node.this, schema)
+        if moment.name != "timestamptz":
+            raise unsupported(node, f"an INTERVAL is added to timestamptz, not {moment.pg()}")
+        return moment
+    if isinstance(node, exp.Between):
+        _require_comparable(node, node.this, node.args["low"], schema)
+        _require_comparable(node, node.this, node.args["high"], schema)
+        return BOOLEAN
     if isinstance(node, _ARITHMETIC):
         left = _require_number(node, infer_type(node.this, schema))
         right = _require_number(node, infer_type(node.expression, schema))
@@ -134,6 +145,16 @@ def _require_number(node: exp.Expr, sql_type: SqlType) -> SqlType:
     if not sql_type.is_number:
         raise unsupported(node, f"arithmetic needs numbers, not {sql_type.pg()}")
     return sql_type
+
+
+def _interval_us(node: exp.Expr) -> int | None:
+    """Microseconds of a fixed-length INTERVAL literal (None if ``node`` is none). A day is
+    24 hours, as in UTC; months and years have no fixed length and are refused."""
+    if not isinstance(node, exp.Interval):
+        return None
+    from rewriter.resolve_window import parse_interval  # one reading of interval literals
+
+    return parse_interval(node, "interval in an expression")
 
 
 def _untyped(node: exp.Expr) -> bool:
@@ -212,6 +233,17 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         # PostgreSQL; Spark would read 2.5e3 as a double: write it out as an exact decimal.
         plain, precision, scale = _decimal_literal(node.this)
         return exp.cast(exp.Literal.number(plain), f"decimal({precision},{scale})")
+    shift = _interval_us(node.expression) if isinstance(node, exp.Add | exp.Sub) else None
+    if shift is not None:
+        # Microsecond arithmetic: exact, and the same instant PostgreSQL computes in UTC.
+        micros = exp.func("unix_micros", _translate(node.this, schema))
+        step = exp.Literal.number(shift)
+        moved = (
+            exp.Add(this=micros, expression=step)
+            if isinstance(node, exp.Add)
+            else exp.Sub(this=micros, expression=step)
+        )
+        return exp.func("timestamp_micros", moved)
     copy = node.copy()
     for original, duplicate in zip(
         list(node.iter_expressions()), list(copy.iter_expressions()), strict=True

@@ -60,13 +60,19 @@ def check_stream_name(name: str) -> str:
     return name
 
 
-def check_column_name(name: str) -> str:
+def check_column_name(name: str, *, window_names: bool = False) -> str:
+    """Return ``name`` if a stream may have a column so named, else raise InvalidSQL saying
+    why. ``window_names``: window_start and window_end are allowed (a join passes an input's
+    window columns through)."""
     if not _STREAM_NAME.match(name) or len(name) > MAX_IDENTIFIER:
         raise InvalidSQL(
             f"invalid column name {name!r}: use lower-case letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"
         )
-    if name in (RUN_COLUMN, WINDOW_START_COLUMN, WINDOW_END_COLUMN, SERIAL_WINDOW_COLUMN):
+    reserved = {RUN_COLUMN, WINDOW_START_COLUMN, WINDOW_END_COLUMN, SERIAL_WINDOW_COLUMN}
+    if window_names:
+        reserved -= {WINDOW_START_COLUMN, WINDOW_END_COLUMN}
+    if name in reserved:
         raise InvalidSQL(f"invalid column name {name!r}: it is reserved by Strata")
     return name
 
@@ -137,3 +143,41 @@ SERIAL_WINDOWS_SETTING = "strata.serial_windows"  # timestamptz[]: the windows t
 SERIAL_FROM_SETTING = "strata.serial_from"  # timestamptz: first window start to list
 SERIAL_TO_SETTING = "strata.serial_to"  # timestamptz: list windows starting before this
 SERIAL_LIMIT_SETTING = "strata.serial_limit"  # integer: list at most this many windows
+
+
+# ---- join streams ------------------------------------------------------------------------
+
+
+def join_archive_table(stream: str) -> str:
+    """Archive of a join stream: its rows, each with the run whose commit produced it."""
+    return fit(f"{stream}__join")
+
+
+def join_archive_index(stream: str, purpose: str) -> str:
+    return fit(f"{stream}__join_{purpose}")
+
+
+def probe_index(raw_stream: str, column: str) -> str:
+    """Index of a raw archive on a column that joins look rows up by."""
+    return fit(f"{raw_stream}__raw_{column}_probe")
+
+
+def join_column(alias: str, column: str) -> str:
+    """An input's column inside a join's queries: the alias keeps inputs apart."""
+    return f"{alias}__{column}"
+
+
+def join_input_view(position: int) -> str:
+    """Spark temporary view of the rows of a join's input (by position) in a batch."""
+    return f"strata_join_input_{position}"
+
+
+def join_input_alias(position: int) -> str:
+    """Alias of a join's input (by position) in its Spark and PostgreSQL queries."""
+    return f"strata_input_{position}"
+
+
+def join_view(stream: str) -> str:
+    """Spark temporary view of the rows a batch adds to a join stream (input of the
+    streams built on it)."""
+    return f"strata_joined_{stream}"

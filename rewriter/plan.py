@@ -1,7 +1,7 @@
 """The immutable plans the rewriter returns; the server only executes them.
 
-A StreamPlan is one of four kinds, each its own type: a raw stream, a projection, and a
-windowed aggregate that is either parallel (PP) or serial (SP). Ask which with isinstance;
+A StreamPlan is one of five kinds, each its own type: a raw stream, a projection, a join,
+and a windowed aggregate that is either parallel (PP) or serial (SP). Ask which with isinstance;
 a kind has only the fields it uses.
 """
 
@@ -188,6 +188,102 @@ class ProjectionStreamPlan:
         return next((b for b in self.branches if b.source == source), None)
 
 
+@dataclass(frozen=True)
+class JoinInput:
+    """One input of a join stream: a raw stream under an alias, windowed (TUMBLE) or not.
+
+    ``filter_sql`` is the PostgreSQL condition over the raw stream's own columns that the
+    query's conditions put on this input alone (None if none): probes apply it in
+    PostgreSQL, so that rows that can never match are not read.
+    """
+
+    alias: str
+    source: str
+    columns: tuple[ColumnSpec, ...]
+    event_time: str
+    window_us: int | None = None
+    filter_sql: str | None = None
+
+
+class ProbeKind(StrEnum):
+    """How a link narrows the rows of one input to those another input's rows can match."""
+
+    EQUAL = "equal"  # target column = one of the bound values
+    AT_LEAST = "at_least"  # target column >= the smallest bound value + offset
+    AT_MOST = "at_most"  # target column <= the largest bound value + offset
+    SAME_WINDOW = "same_window"  # target event time in the windows of the bound rows
+
+
+@dataclass(frozen=True)
+class ProbeLink:
+    """A conjunct of the join condition read as a restriction on the rows of input
+    ``target`` given the rows already read for input ``bound`` (positions in ``inputs``).
+
+    ``bound_column`` is a raw column of the bound input (for SAME_WINDOW, its event time);
+    ``offset_us`` shifts the bound values (a band such as ``b.t - INTERVAL '1 minute'``).
+    A link only narrows what is read: the whole condition is evaluated on what was read.
+    """
+
+    target: int
+    column: str
+    kind: ProbeKind
+    bound: int
+    bound_column: str
+    offset_us: int = 0
+
+
+@dataclass(frozen=True)
+class JoinStreamPlan:
+    """A stream of the rows an inner join of raw streams produces (seeds/001, seeds/004).
+
+    Its rows are archived, each attributed to the run whose commit produced it: a batch of
+    runs of one source joins with every row of the other inputs committed before it, and
+    with itself where the stream is joined with itself (server/ingest/joins.py). Spark runs
+    ``term_queries[i]`` for every input ``i`` fed by the batch; the history archived before
+    the stream existed is joined once, in PostgreSQL, by ``history_statement``.
+    """
+
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism] = Parallelism.PARALLEL
+    parallelism_reason: ClassVar[str] = (
+        "inner join: its rows only grow, so each batch of runs adds the pairs it completes"
+    )
+
+    name: str
+    columns: tuple[ColumnSpec, ...]  # the SELECT list, as archived and shown by the view
+    event_time: str
+    inputs: tuple[JoinInput, ...]
+    links: tuple[ProbeLink, ...]
+    # Spark SQL over the views naming.join_input_view(k) (the rows of input k, with the run
+    # column), one per input: the join with input i's run as the rows' run.
+    term_queries: tuple[str, ...]
+    history_statement: str  # PostgreSQL: INSERT the join over every archived row
+    create_statements: tuple[str, ...]
+    drop_statements: tuple[str, ...]
+    view_query: str
+    # The inputs an outer join keeps every row of (empty for an inner join). The archive
+    # holds the inner join; the view adds their unmatched rows, padded with NULLs, on read.
+    preserved: tuple[int, ...] = ()
+
+    @property
+    def raw_sources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(i.source for i in self.inputs))
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return self.raw_sources
+
+    def positions(self, source: str) -> tuple[int, ...]:
+        """The inputs fed by the runs of raw stream ``source``."""
+        return tuple(k for k, i in enumerate(self.inputs) if i.source == source)
+
+
 # A stream a window can read rows from: declared columns and an event-time column.
-RowStreamPlan = RawStreamPlan | ProjectionStreamPlan
-StreamPlan = RawStreamPlan | ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan
+RowStreamPlan = RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan
+StreamPlan = (
+    RawStreamPlan
+    | ProjectionStreamPlan
+    | JoinStreamPlan
+    | ParallelAggregatePlan
+    | SerialAggregatePlan
+)

@@ -86,10 +86,11 @@ def interval_text(size_us: int) -> str:
     raise AssertionError("unreachable")
 
 
-def parse_interval(node: exp.Expr) -> int:
-    """Microseconds in a fixed-length INTERVAL literal; months and years are refused."""
+def parse_interval(node: exp.Expr, what: str = "window size") -> int:
+    """Microseconds in a fixed-length INTERVAL literal; months and years are refused.
+    ``what`` names the interval in errors (a window size, an interval in a condition)."""
     if not isinstance(node, exp.Interval) or not isinstance(node.this, exp.Literal):
-        raise UnsupportedSQL(f"window size must be an INTERVAL literal, e.g. {WINDOW_FORM}")
+        raise UnsupportedSQL(f"{what} must be an INTERVAL literal, e.g. {WINDOW_FORM}")
     text = node.this.name.lower()
     unit = node.args.get("unit")
     if unit is not None:
@@ -104,13 +105,16 @@ def parse_interval(node: exp.Expr) -> int:
         size = _UNIT_US.get(name) or _UNIT_US.get(name.rstrip("s"))
         if size is None:
             raise UnsupportedSQL(
-                f"interval unit {name!r} is not supported in a window; use microseconds to "
-                "weeks (months and years have no fixed length)"
+                f"interval unit {name!r} is not supported in a {what}; use whole microseconds "
+                "to weeks (months and years have no fixed length)"
             )
         total += amount * size
         position = match.end()
     if position != len(text) or total <= 0:
-        raise UnsupportedSQL(f"cannot read the window size {node.sql('postgres')!r}")
+        raise UnsupportedSQL(
+            f"cannot read the {what} {node.sql('postgres')!r}: write whole numbers of units, "
+            "e.g. INTERVAL '1500 milliseconds'"
+        )
     return total
 
 

@@ -2,6 +2,7 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
+             -> (inner joins of raw streams) build_join
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
                                           | split_rollup (over a derived stream)
@@ -16,12 +17,13 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from rewriter.build_archive import build_archive
+from rewriter.build_join import build_join, is_join
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
 from rewriter.errors import UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
-from rewriter.plan import StreamPlan, WindowedAggregatePlan
+from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_rollup import GatherPoint, split_rollup
@@ -44,10 +46,18 @@ def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
     select = statement.select
+    if is_join(select):
+        assert isinstance(select, exp.Select)
+        return build_join(statement.name, select, streams)
     if is_projection(select):
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
     window = resolve_window(select, streams)
+    if isinstance(window.source, JoinStreamPlan) and window.source.preserved:
+        raise UnsupportedSQL(
+            f"streams over the outer join {window.source.name!r} are not supported yet (a late "
+            "match replaces a NULL-padded row); build them over an inner join"
+        )
     try:
         if select.args.get("distinct"):
             raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")
@@ -56,5 +66,22 @@ def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
         else:
             split = split_aggregates(select, window)
     except GatherPoint as gather:
+        _refuse_serial_over_join(window.source, streams, gather.reason)
         return build_serial(statement.name, select, window, gather.reason)
     return build_views(statement.name, split, window)
+
+
+def _refuse_serial_over_join(
+    source: StreamPlan, streams: Mapping[str, StreamPlan], reason: str
+) -> None:
+    """Serial streams learn which closed windows late rows change from the raw rows' event
+    times; rows that come through a join get theirs from the join, which that bookkeeping
+    does not follow yet."""
+    while isinstance(source, WindowedAggregatePlan):
+        source = streams[source.source]
+    if isinstance(source, JoinStreamPlan):
+        raise UnsupportedSQL(
+            f"{reason}: such a stream (a gather point, computed serially) is not supported yet "
+            f"over the join stream {source.name!r}; use decomposable aggregates (count, sum, "
+            "avg, min, max, ...) over it, or a gather point over a raw stream"
+        )

@@ -18,15 +18,18 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
 from rewriter import StreamPlan, rewrite
-from rewriter.naming import CATALOG_SCHEMA
+from rewriter.naming import CATALOG_SCHEMA, join_archive_table, partial_archive_table
 from rewriter.plan import (
+    JoinStreamPlan,
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
     SerialAggregatePlan,
 )
 
-ComputedPlan = ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan
+# The streams a batch of runs computes something for (partial rows, mapped rows, joined
+# rows), and the serial ones on top.
+ComputedPlan = ProjectionStreamPlan | ParallelAggregatePlan | SerialAggregatePlan | JoinStreamPlan
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # The PostgreSQL functions and aggregates the plans rely on, installed at every start. In a
@@ -136,6 +139,13 @@ window_revisions = sa.Table(
     sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
     sa.Column("revisions", sa.BigInteger),
     sa.Column("repaired_at", sa.DateTime(timezone=True)),
+)
+# Per raw stream, bumped by each commit of its runs that feeds a join (server/ingest/joins.py).
+source_versions = sa.Table(
+    "source_versions",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("version", sa.BigInteger),
 )
 
 function_installs = sa.Table(
@@ -300,23 +310,46 @@ def dependents(records: dict[str, StreamRecord], raw: str) -> list[ComputedPlan]
     return [
         r.plan
         for r in records.values()
-        if isinstance(r.plan, ProjectionStreamPlan | ParallelAggregatePlan)
+        if isinstance(r.plan, ProjectionStreamPlan | ParallelAggregatePlan | JoinStreamPlan)
         and raw in r.plan.raw_sources
     ]
+
+
+def archive_table(plan: ComputedPlan) -> str:
+    """The internal table a batch's rows for ``plan`` go to: a join's rows or partial rows
+    (a projection archives nothing)."""
+    if isinstance(plan, JoinStreamPlan):
+        return join_archive_table(plan.name)
+    return partial_archive_table(plan.name)
 
 
 def lineage(
     records: dict[str, StreamRecord], plan: ParallelAggregatePlan | SerialAggregatePlan
 ) -> list[ComputedPlan]:
-    """The streams ``plan`` is computed through, from its raw sources down to it."""
+    """The streams ``plan`` is computed through, from its raw sources (or from the join
+    stream whose archived rows it reads) down to it."""
     chain: list[ComputedPlan] = [plan]
     while True:
         source = records[chain[0].dependencies[0]].plan
-        if isinstance(source, RawStreamPlan):
+        if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
         chain.insert(0, source)
         if isinstance(source, ProjectionStreamPlan):
             return chain
+
+
+def row_source(
+    records: dict[str, StreamRecord], plan: ParallelAggregatePlan | SerialAggregatePlan
+) -> StreamPlan:
+    """The stream whose rows ``plan``'s lineage starts from: a raw stream, or a join."""
+    return records[lineage(records, plan)[0].dependencies[0]].plan
+
+
+def through_join(
+    records: dict[str, StreamRecord], plan: ParallelAggregatePlan | SerialAggregatePlan
+) -> bool:
+    """Whether ``plan``'s rows come through a join stream."""
+    return isinstance(row_source(records, plan), JoinStreamPlan)
 
 
 def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:
@@ -334,6 +367,16 @@ def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None
             sa.insert(stream_dependencies),
             [{"stream": plan.name, "depends_on": d} for d in plan.dependencies],
         )
+
+
+def track_versions(connection: sa.Connection, sources: tuple[str, ...]) -> None:
+    """Give the raw streams ``sources`` a commit version (server/ingest/joins.py), in the
+    transaction that creates a join of them: every commit that feeds the join then finds
+    its row to lock (a row a first commit inserted could not be locked by another)."""
+    insert = sa.dialects.postgresql.insert(source_versions)
+    connection.execute(
+        insert.values([{"stream": s, "version": 0} for s in sources]).on_conflict_do_nothing()
+    )
 
 
 def delete_stream(connection: sa.Connection, name: str) -> None:

@@ -19,6 +19,7 @@ from server.settings import Settings
 if TYPE_CHECKING:  # imported when needed: `strata info` need not load them
     import uvicorn
 
+    from server.runtime import Runtime
     from server.shutdown import Shutdown
 
 
@@ -28,19 +29,18 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["port"] = args.port
     if getattr(args, "host", None) is not None:
         overrides["host"] = args.host
+    if getattr(args, "pg_port", None) is not None:
+        overrides["pg_port"] = args.pg_port
     if args.data_dir is not None:
         overrides["data_dir"] = Path(args.data_dir)
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
 def up(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from server.api.app import create_app
-    from server.errors import SecretSettingError
+    from server.errors import SecretSettingError, SqlPortError
     from server.runtime import running
-    from server.security import Tokens, redacted_url, secret
-    from server.shutdown import HTTP_SHARE, Shutdown, ShutdownRequested  # noqa: F811
+    from server.security import Tokens, secret
+    from server.shutdown import Shutdown, ShutdownRequested  # noqa: F811
 
     settings = _settings(args)
     logging.basicConfig(
@@ -66,24 +66,12 @@ def up(args: argparse.Namespace) -> int:
     shutdown.install_handlers()
     try:
         with running(settings, shutdown) as runtime:
-            details = runtime.info()
-            app = create_app(runtime.service, settings, details)
-            # The console is a log: no password of the database URL (GET /info has it).
-            shown = details | {"database_url": redacted_url(str(details["database_url"]))}
-            print(json.dumps(shown), flush=True)
-            config = uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level="info",
-                timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout * HTTP_SHARE)),
-            )
-            server = _http_server(config, shutdown)
-            shutdown.on_request(lambda: setattr(server, "should_exit", True))
-            shutdown.serving()
-            server.run()
+            _serve(runtime, settings, shutdown)
     except ShutdownRequested:
         pass  # a signal during start-up: `running` stopped what had started
+    except SqlPortError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 2
     # Everything is stopped. The interpreter's own teardown (freeing every module's objects:
     # pyspark, pyarrow, ...) takes seconds of a busy machine and would count against the
     # time `docker stop` gives us, for nothing: the kernel releases what is left.
@@ -91,6 +79,35 @@ def up(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _serve(runtime: Runtime, settings: Settings, shutdown: Shutdown) -> None:
+    import uvicorn
+
+    from server.api.app import create_app
+    from server.security import redacted_url
+    from server.shutdown import HTTP_SHARE
+
+    details = runtime.info()
+    app = create_app(runtime.service, settings, details)
+    # The console is a log: no password of the database URLs (GET /info has them).
+    shown = details | {
+        key: redacted_url(str(details[key]))
+        for key in ("database_url", "psql_url")
+        if details.get(key)
+    }
+    print(json.dumps(shown), flush=True)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout * HTTP_SHARE)),
+    )
+    server = _http_server(config, shutdown)
+    shutdown.on_request(lambda: setattr(server, "should_exit", True))
+    shutdown.serving()
+    server.run()
 
 
 def _http_server(config: uvicorn.Config, shutdown: Shutdown) -> uvicorn.Server:
@@ -201,9 +218,12 @@ def cluster(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    start = commands.add_parser("up", help="start PostgreSQL, Spark and the HTTP API")
+    start = commands.add_parser("up", help="start PostgreSQL, Spark, the HTTP API and the SQL port")
     start.add_argument("--port", type=int, help="HTTP port (default 8080, STRATA_PORT)")
     start.add_argument("--host", help="HTTP address (default 127.0.0.1, STRATA_HOST)")
+    start.add_argument(
+        "--pg-port", type=int, help="SQL port (PostgreSQL protocol; default 5433, STRATA_PG_PORT)"
+    )
     start.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
     start.set_defaults(run=up)
     show = commands.add_parser("info", help="print database_url and more as JSON")

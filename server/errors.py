@@ -75,6 +75,7 @@ class RunFormatError(StrataError):
         self.line = line
         self.column = column
         self.value = value
+        self.problem = message
         where = []
         if line is not None:
             where.append(f"line {line}")
@@ -97,6 +98,40 @@ class RunFormatError(StrataError):
             "column": None if self.column is None else _echo(self.column),
             "value": None if self.value is None else _echo(self.value),
         }
+
+
+# ---- the SQL port (server/pgwire/errors.py maps these and the ones above onto SQLSTATEs) ---
+
+
+class InTransactionBlock(StrataError):
+    """A Strata statement inside BEGIN ... COMMIT: each commits on its own, so none may
+    pretend to be part of a transaction that could still roll back."""
+
+
+class TransactionAborted(StrataError):
+    """A statement in a transaction that already failed (until ROLLBACK)."""
+
+
+class CopyFailed(StrataError):
+    """The client abandoned a COPY (CopyFail), or the COPY data was cut short."""
+
+
+class InvalidValue(StrataError):
+    """A value of an INSERT into a stream that its column does not take: names the row of
+    VALUES (from 1) and the column."""
+
+    def __init__(self, message: str, *, row: int | None, column: str | None) -> None:
+        super().__init__(message)
+        self.row = row
+        self.column = column
+
+
+class RunRejected(StrataError):
+    """A run that was parsed and accepted, then refused whole (e.g. by PostgreSQL)."""
+
+
+class RunNotCommitted(StrataError):
+    """A run was accepted but not committed within the wait (it still may commit)."""
 
 
 # Longest value or column name an HTTP error body repeats from a run.
@@ -124,6 +159,10 @@ class ReaderRoleError(RuntimeError):
 
 class EmbeddedPostgresError(RuntimeError):
     """The embedded PostgreSQL could not be initialised, started or stopped."""
+
+
+class SqlPortError(RuntimeError):
+    """The SQL port cannot listen where it is asked to (taken, or unsafe)."""
 
 
 class ClusterError(RuntimeError):

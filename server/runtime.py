@@ -24,6 +24,7 @@ from server.engines.spark import create_spark_session, jvm_pid, kill_driver_jvms
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
+from server.pgwire.server import SqlPort
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
@@ -47,11 +48,14 @@ class Runtime:
     engine: sa.Engine
     backend: SparkBackend
     service: StrataService
+    sql_port: SqlPort
     workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
 
     def info(self) -> dict[str, object]:
         return {
             "database_url": self.database_url,
+            # The SQL port's URL once it listens: psql there runs Strata's statements too.
+            "psql_url": self.sql_port.psql_url if self.sql_port.port is not None else None,
             "spark_master": self.settings.spark_master or "local[*]",
             # Whether executors read spooled runs from their files (see STRATA_SHARED_SPOOL).
             "shared_spool": self.backend.reads_files,
@@ -61,10 +65,12 @@ class Runtime:
         }
 
     def start(self) -> None:
-        """Resume pending runs and start the ingest pipeline and the workers."""
+        """Resume pending runs, start the ingest pipeline and the workers, and open the
+        SQL port."""
         self.service.pipeline.start()
         for worker in self.workers.values():
             worker.start()
+        self.sql_port.start()
 
     def begin_stop(self) -> None:
         """Ask everything to stop, without waiting: workers finish their step, the
@@ -77,9 +83,11 @@ class Runtime:
         self.backend.close()
 
     def stop(self, deadline: float | None = None) -> None:
-        """Stop the workers and the pipeline; a commit still running at ``deadline`` (a
-        time.monotonic() value; None: a minute) is cancelled and rolls back."""
+        """Stop the SQL port, the workers and the pipeline; a commit still running at
+        ``deadline`` (a time.monotonic() value; None: a minute) is cancelled and rolls
+        back."""
         self.begin_stop()
+        self.sql_port.stop()  # no new statements while the rest stops
         end = time.monotonic() + 60 if deadline is None else deadline
         pipeline = self.service.pipeline
         while time.monotonic() < end and (
@@ -97,8 +105,9 @@ class Runtime:
 def assemble(
     settings: Settings, database_url: str, engine: sa.Engine, backend: SparkBackend
 ) -> Runtime:
-    """Wire the service, its ingest pipeline and the workers ``settings.workers`` names,
-    over a migrated database (``engine``) and a Spark backend. Nothing starts yet."""
+    """Wire the service, its ingest pipeline, the workers ``settings.workers`` names and
+    the SQL port, over a migrated database (``engine``) and a Spark backend. Nothing starts
+    yet."""
     plans = PlanCache()
     metrics = Metrics(engine, plans)
     spool = Spool(settings.spool_dir)
@@ -130,7 +139,8 @@ def assemble(
     # worker silently off.
     assert {w.name for w in every} == set(ALL_WORKERS), "Settings.workers names every worker"
     workers: dict[str, Worker] = {w.name: w for w in every if w.name in settings.workers}
-    return Runtime(settings, database_url, engine, backend, service, workers)
+    sql_port = SqlPort(service, settings, database_url)
+    return Runtime(settings, database_url, engine, backend, service, sql_port, workers)
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pyarrow as pa
@@ -16,6 +17,7 @@ from psycopg import sql
 from rewriter import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, rewrite
 from rewriter.errors import InvalidSQL
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, raw_archive_table
+from rewriter.plan import JoinStreamPlan
 from server import catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
@@ -46,6 +48,15 @@ def _lock_ddl(connection: sa.Connection) -> None:
 
 
 _DDL_LOCK = 4242002  # beside catalog.migrate's 4242001
+
+
+def _lock_sources(connection: sa.Connection, sources: tuple[str, ...]) -> None:
+    """SHARE locks on raw archives: wait for the run commits in flight into them, and hold
+    new ones back until this transaction ends."""
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    for name in sources:
+        table = internal_table(raw_archive_table(name))
+        cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
 
 
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
@@ -93,7 +104,9 @@ class StrataService:
                     _execute_plan_sql(connection, statement)
                 self._grant_reader(connection, plan.name)
                 if isinstance(plan, ParallelAggregatePlan):
-                    self._plan_backfill(connection, plan)
+                    self._plan_backfill(connection, existing, plan)
+                if isinstance(plan, JoinStreamPlan):
+                    self._join_history(connection, plan)
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {plan.name!r} already exists") from None
@@ -122,14 +135,19 @@ class StrataService:
 
     @staticmethod
     def _grant_reader(connection: sa.Connection, name: str) -> None:
-        """Let the dashboard role read the stream's view (migration 0009): it reads the
+        """Let the dashboard role read the stream's view (migration 0010): it reads the
         stream views and nothing else of public unless an owner grants it."""
         connection.execute(
             sa.text("SELECT public.strata_grant_reader(CAST(:view AS regclass))"),
             {"view": sql.Identifier(PUBLIC_SCHEMA, name).as_string()},
         )
 
-    def _plan_backfill(self, connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
+    def _plan_backfill(
+        self,
+        connection: sa.Connection,
+        records: dict[str, StreamRecord],
+        plan: ParallelAggregatePlan,
+    ) -> None:
         """Order the new stream against concurrent runs, then leave the history to the
         back-filler (server/workers/backfill.py).
 
@@ -138,11 +156,19 @@ class StrataService:
         the catalog (the commit re-reads the dependents under its own lock), and every run
         committed before is listed for back-fill: no run is counted twice or missed.
         """
-        cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        for name in plan.raw_sources:
-            table = internal_table(raw_archive_table(name))
-            cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
-        plan_backfill(connection, plan)
+        _lock_sources(connection, plan.raw_sources)
+        plan_backfill(connection, records, plan)
+
+    @staticmethod
+    def _join_history(connection: sa.Connection, plan: JoinStreamPlan) -> None:
+        """Archive the join over the rows its sources archived so far, in the creating
+        transaction: under SHARE locks no run commits meanwhile, and every run committed
+        later finds the join in the catalog and adds its own pairs (server/ingest/joins.py).
+        The history is joined by PostgreSQL in UTC, as Spark joins every batch."""
+        _lock_sources(connection, plan.raw_sources)
+        catalog.track_versions(connection, plan.raw_sources)
+        _execute_plan_sql(connection, "SET LOCAL TIME ZONE 'UTC'")
+        _execute_plan_sql(connection, plan.history_statement)
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
@@ -189,6 +215,18 @@ class StrataService:
         self, stream: str, body: bytes, content_type: str, run_id: str | None
     ) -> RunRecord:
         """Validate, spool durably and record a run; returns its (possibly earlier) record."""
+        return self.submit_rows(
+            stream,
+            lambda plan: parse_run(body, content_type, plan.columns, plan.event_time),
+            run_id,
+        )
+
+    def submit_rows(
+        self, stream: str, read_rows: Callable[[RawStreamPlan], pa.Table], run_id: str | None
+    ) -> RunRecord:
+        """Like ``submit_run``, for a run whose rows ``read_rows`` reads for the stream's plan
+        (a COPY's data, an INSERT's VALUES). A run id already known returns the first
+        result before anything is read: the same run again changes nothing."""
         run_id = run_id or uuid.uuid4().hex
         known = self.run(run_id)
         if known is not None:
@@ -200,7 +238,7 @@ class StrataService:
                 f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
         started = time.perf_counter()
-        table = parse_run(body, content_type, record.plan.columns, record.plan.event_time)
+        table = read_rows(record.plan)
         parsed = time.perf_counter()
         self.metrics.stage_took("parse", parsed - started)
         with self.engine.begin() as connection:

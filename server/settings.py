@@ -27,6 +27,17 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
     port: int = Field(8080, description="Port the HTTP API listens on.")
+    pg_host: str = Field(
+        "127.0.0.1",
+        description="Address the SQL port (PostgreSQL protocol) listens on. Beyond loopback "
+        "only with an external PostgreSQL (STRATA_DATABASE_URL).",
+    )
+    pg_port: int = Field(
+        5433,
+        description="Port of the SQL port: psql, psycopg and BI tools connect here to run "
+        "Strata's statements (CREATE STREAM, COPY and INSERT as runs) and any SQL, which "
+        "goes on to PostgreSQL. 0: any free port (strata info says which).",
+    )
     database_url: str | None = Field(
         None,
         description="PostgreSQL to use (postgresql://...). Unset: an embedded PostgreSQL in "

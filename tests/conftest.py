@@ -106,7 +106,8 @@ def strata_client(
     ``start=False`` leaves the ingest pipeline and workers stopped (runs stay pending)."""
     engine = create_catalog_engine(database_url)
     migrate(engine)
-    defaults: dict[str, object] = {"run_wait_timeout": 120, "workers": TEST_WORKERS}
+    # The SQL port on any free port: tests run side by side.
+    defaults: dict[str, object] = {"run_wait_timeout": 120, "workers": TEST_WORKERS, "pg_port": 0}
     config = Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -135,6 +136,11 @@ class Strata:
         self.runtime = runtime
         self.service = runtime.service
         self.database_url = database_url
+
+    @property
+    def psql_url(self) -> str:
+        """The SQL port's URL (psql, psycopg and the rest connect there)."""
+        return self.runtime.sql_port.psql_url
 
     def create(self, statement: str) -> dict[str, object]:
         response = self.client.post("/streams", json={"sql": statement})

@@ -238,7 +238,10 @@ def test_strata_up_refuses_a_missing_token_file_before_starting(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env["STRATA_API_TOKEN_FILE"] = str(tmp_path / "missing")
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "up", "--data-dir", str(tmp_path / "data")],
+        [
+            *(sys.executable, "-m", "server.cli", "up", "--pg-port", "0"),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -541,7 +544,7 @@ def clean_env() -> dict[str, str]:
 def strata_up(data_dir: Path, env: dict[str, str], log: Path) -> Iterator[str]:
     """`strata up` as a subprocess, its output in `log`; yields its URL, stops it (SIGTERM)."""
     port = free_port()
-    command = [sys.executable, "-m", "server.cli", "up", "--port", str(port)]
+    command = [sys.executable, "-m", "server.cli", "up", "--port", str(port), "--pg-port", "0"]
     with log.open("ab") as out:
         process = subprocess.Popen(
             [*command, "--data-dir", str(data_dir)],

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from bench import run as runner
+from bench.harness.results import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
 
 def test_discovery_and_the_readme_section(tmp_path: Path) -> None:
-    assert {"ingest", "reduce", "backfill"} <= set(runner.discover())
+    assert {"ingest", "reduce", "backfill", "joins", "pgwire"} <= set(runner.discover())
     assert not {"run", "__init__", "harness"} & set(runner.discover())
     (tmp_path / "helper.py").write_text("def helper() -> None: ...\n")
     (tmp_path / "mine.py").write_text("def benchmark(scale: str) -> list: ...\n")
@@ -31,6 +32,39 @@ def test_discovery_and_the_readme_section(tmp_path: Path) -> None:
     assert replaced == before + runner.START + "\n| new table |\n" + runner.END + after
     with pytest.raises(ValueError):
         runner.replace_section("no markers", "x")
+
+
+def test_a_benchmark_run_alone_keeps_the_others_rows(tmp_path: Path) -> None:
+    """`--only` writes one benchmark's results; the table and the chart also show the other
+    benchmarks' last results at the same scale, and the heading dates them."""
+
+    def outcome(name: str, scale: str, day: str) -> runner.Outcome:
+        figure = Result(f"{name} figure", 2.0, 4.0, "baseline", "s", "lower", context={"n": 1})
+        return runner.Outcome(name, scale, f"{day}T10:00:00+00:00", 1.5, [figure])
+
+    alpha, gamma = outcome("alpha", "full", "2026-01-01"), outcome("gamma", "smoke", "2026-01-01")
+    runner.write([alpha], "full", tmp_path, None)
+    (tmp_path / "gamma.json").write_text(json.dumps(gamma.to_dict()))
+    saved = (tmp_path / "alpha.json").read_text()
+    assert runner.load(tmp_path / "alpha.json") == alpha
+
+    kept = runner.earlier(tmp_path, ["alpha", "gamma", "delta"], "full")
+    assert kept == [alpha]  # gamma is of another scale, delta never ran
+    summary = runner.write([outcome("beta", "full", "2026-02-02")], "full", tmp_path, None, kept)
+    assert "Scale `full`, 2026-01-01; beta: 2026-02-02, " in summary
+    assert "| alpha | alpha figure |" in summary and "| beta | beta figure |" in summary
+    assert "gamma" not in summary
+    assert (tmp_path / "alpha.json").read_text() == saved
+
+
+def test_the_readme_table_is_the_saved_results() -> None:
+    """The committed results (bench/results/<name>.json) make the table of summary.md and of
+    the README's section."""
+    results = runner.BENCH / "results"
+    shown = runner.earlier(results, runner.discover(), "full")
+    summary = (results / "summary.md").read_text()
+    assert runner.table(shown, "full") == summary
+    assert runner.START + "\n" + summary + runner.END in README.read_text()
 
 
 @pytest.mark.e2e
@@ -46,7 +80,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
 
     names = sorted(path.stem for path in out.glob("*.json"))  # one per benchmark run
-    assert {"ingest", "reduce", "backfill"} <= set(names)
+    assert {"ingest", "reduce", "backfill", "joins"} <= set(names)
     for name in names:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["benchmark"] == name and result["scale"] == "smoke"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from server.settings import Settings
+from server.settings import DEFAULTS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -154,6 +154,16 @@ def test_strata_command_and_port(services: dict[str, Any]) -> None:
     data_dir = flag(args, "--data-dir")
     assert data_dir is not None
     assert any(str(v).endswith(f":{data_dir}") for v in strata.get("volumes", []))
+
+
+def test_strata_sql_port_is_published(services: dict[str, Any]) -> None:
+    strata = services["strata"]
+    environment = strata["environment"]
+    # Beyond loopback: allowed because the compose file names an external PostgreSQL.
+    assert environment["STRATA_PG_HOST"] == "0.0.0.0"
+    assert environment["STRATA_DATABASE_URL"].startswith("postgresql://")
+    port = str(environment.get("STRATA_PG_PORT") or DEFAULTS.pg_port)
+    assert f"{port}:{port}" in [str(p) for p in strata["ports"]]
 
 
 def test_dockerfile_builds_strata(services: dict[str, Any]) -> None:

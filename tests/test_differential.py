@@ -28,12 +28,12 @@ import sqlglot
 from pyspark.sql import SparkSession
 
 from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
-from rewriter.build_views import window_start_spark
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import to_spark
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.types import SqlType
+from rewriter.window_forms import window_start_spark
 from server.catalog import create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in
@@ -485,6 +485,15 @@ EXPRESSIONS: list[str] = [
     "CAST(n * n AS numeric(24,6))",
     "n::integer + 1",
     "f::bigint",
+    # join conditions: BETWEEN (inclusive, NULL as in AND), moments moved by fixed intervals
+    "i BETWEEN s AND b",
+    "n BETWEEN -1 AND 1.5",
+    "NOT (i BETWEEN 0 AND 10)",
+    "ts BETWEEN t - INTERVAL '1 hour' AND t + INTERVAL '2 days'",
+    "t + INTERVAL '90 minutes'",
+    "t - INTERVAL '1 week' < ts",
+    "t - INTERVAL '1500 milliseconds'",
+    "t + INTERVAL '250 milliseconds' >= t",
 ]
 
 # Known divergences the translation cannot fix; strict, so fixing them shows up here.

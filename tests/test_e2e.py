@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,9 +40,11 @@ class Server:
         self.data_dir = data_dir
         self.extra_env = env or {}
         self.port = free_port()
+        self.pg_port = free_port()  # the SQL port keeps its number across restarts
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"strata-{self.port}.log"
         self.database_url = ""
+        self.psql_url = ""
 
     def start(self, *, wait: bool = True) -> None:
         """Start `strata up`; with ``wait``, until it answers /health."""
@@ -55,6 +58,8 @@ class Server:
                 "up",
                 "--port",
                 str(self.port),
+                "--pg-port",
+                str(self.pg_port),
                 "--data-dir",
                 str(self.data_dir),
             ],
@@ -70,7 +75,8 @@ class Server:
             assert self.process.poll() is None, self.log.read_text()[-4000:]
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    self.database_url = httpx.get(f"{self.url}/info").json()["database_url"]
+                    info = httpx.get(f"{self.url}/info").json()
+                    self.database_url, self.psql_url = info["database_url"], info["psql_url"]
                     return
             except httpx.HTTPError:
                 pass
@@ -207,3 +213,69 @@ def test_restart_after_kill_9_reuses_running_postgres(server: Server) -> None:
     server.start()
     assert httpx.get(f"{server.url}/info").json()["database_url"] == database_url
     assert [s["name"] for s in httpx.get(f"{server.url}/streams").json()] == ["impsns"]
+
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_the_readme_psql_tutorial_works_as_written(server: Server, tmp_path: Path) -> None:
+    """The psql version of the README's tutorial, run by the real psql against `strata up`
+    at the URL `strata info` prints: psql answers what the comments say."""
+    section = README.split("### The same in psql", 1)[1]
+    block = re.search(r"```sql\n(.*?)```", section, re.S)
+    assert block is not None
+    script = block.group(1)
+    cli = subprocess.run(
+        [sys.executable, "-m", "server.cli", "info", "--data-dir", str(server.data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    psql_url = json.loads(cli.stdout)["psql_url"]
+    assert psql_url == server.psql_url
+    result = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), psql_url, "-X", "-f", "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    shown = [line[3:].rstrip() for line in script.splitlines() if line.startswith("-- ")]
+    errors = [line for line in shown if line.startswith("ERROR:")]
+    answers = [line for line in shown if not line.startswith("ERROR:")]
+    assert [line.rstrip() for line in result.stdout.splitlines() if line.strip()] == answers
+    said = [line[line.index("ERROR:") :] for line in result.stderr.splitlines() if "ERROR:" in line]
+    assert said == errors
+
+
+def test_kill_9_during_a_copy_then_the_same_copy_counts_once(tmp_path: Path) -> None:
+    """The server dies inside the commit of a COPY's run (after the spool, before COMMIT):
+    the run is whole or absent after the restart, and the same COPY with its RUN_ID
+    completes it once."""
+    server = Server(tmp_path / "data", env={"STRATA_FAULT": "in_pg_write:server:copy-1"})
+    server.start()
+    try:
+        psql = [str(POSTGRES_BIN_PATH / "psql"), server.psql_url, "-X", "-v", "ON_ERROR_STOP=1"]
+        for statement in (IMPSNS, COUNT):
+            subprocess.run([*psql, "-c", statement], check=True, capture_output=True)
+        rows = "".join(f"c{i % 3},{i},1.5,2024-01-01T00:0{i % 10}:00Z\n" for i in range(500))
+        data = tmp_path / "run.csv"
+        data.write_text("campaign,user_id,price,t\n" + rows)
+        copy = f"\\copy impsns FROM '{data}' WITH (FORMAT csv, HEADER, RUN_ID 'copy-1')"
+        killed = subprocess.run([*psql, "-c", copy], capture_output=True, text=True, timeout=120)
+        assert killed.returncode != 0  # the server died under it: no COPY 500
+        assert server.process is not None and server.process.wait(timeout=60) != 0
+        del server.extra_env["STRATA_FAULT"]
+        server.start()
+        with psycopg.connect(server.database_url) as connection:
+            archived = connection.execute("SELECT count(*) FROM impsns").fetchone()
+        assert archived in ((0,), (500,))  # the whole run or nothing, never a part
+        again = subprocess.run([*psql, "-c", copy], capture_output=True, text=True, timeout=300)
+        assert again.stdout.strip() == "COPY 500", again.stderr
+        with psycopg.connect(server.database_url) as connection:
+            assert connection.execute("SELECT count(*) FROM impsns").fetchone() == (500,)
+            assert connection.execute("SELECT sum(c) FROM impsn_count").fetchone() == (500,)
+            runs = connection.execute("SELECT count(*) FROM strata_catalog.runs").fetchone()
+            assert runs == (1,)
+    finally:
+        server.close()

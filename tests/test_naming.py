@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from sqlglot import exp
 
 from rewriter import (
+    JoinStreamPlan,
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
@@ -92,9 +93,19 @@ def _created(statement: str) -> tuple[tuple[str, str], list[str]]:
     return (target.db, target.name), list(create.expression.named_selects)
 
 
-@pytest.mark.parametrize("stream", list(STATEMENTS), ids=lambda s: s.split("_")[0])
+JOIN = _longest("join")
+JOIN_STATEMENT = (
+    f"CREATE STREAM {JOIN} AS SELECT a.campaign, b.{LONGEST_COLUMN}, b.t FROM {RAW} a "
+    f"JOIN {RAW} b ON a.{LONGEST_COLUMN} = b.{LONGEST_COLUMN} AND a.campaign = b.campaign"
+)
+
+
+@pytest.mark.parametrize("stream", [*STATEMENTS, JOIN], ids=lambda s: s.split("_")[0])
 def test_every_name_a_plan_creates_fits_and_is_its_own(stream: str) -> None:
-    plan = _plans()[stream]
+    plans = _plans()
+    plans[JOIN] = rewrite(JOIN_STATEMENT, plans)
+    assert isinstance(plans[JOIN], JoinStreamPlan)
+    plan = plans[stream]
     relations = []
     for statement in plan.create_statements:
         for identifier in sqlglot.parse_one(statement, read="postgres").find_all(exp.Identifier):
@@ -196,7 +207,10 @@ def test_migration_renames_the_objects_postgresql_cut(
         assert sorted(strata.query(f"SELECT campaign, c FROM {ROLLUP}")) == [("c1", 2), ("c2", 1)]
 
         with strata.service.engine.connect() as connection:
-            command.downgrade(_alembic(connection), "-1")
+            config = _alembic(connection)
+            before = ScriptDirectory.from_config(config).get_revision("0008").down_revision
+            assert isinstance(before, str)
+            command.downgrade(config, before)  # undo 0008 (and what came after it)
             connection.commit()
         assert cut <= _internal_relations(old_database)
         with strata.service.engine.connect() as connection:

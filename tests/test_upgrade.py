@@ -40,7 +40,7 @@ from tests.conftest import Strata, new_database, strata_client
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
 PREVIOUS_RELEASE_HEAD = "0006"
 
-# Functions a migration after the last release created (0009: granting the reader a view).
+# Functions a migration after the last release created (0010: granting the reader a view).
 ADDED_SINCE_PREVIOUS_RELEASE = {"strata_grant_reader(regclass)"}
 
 # Written by 0.1.0 (tests/fixtures/releases/make_v0_1_0.py).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -49,22 +49,28 @@ def http_clients(base_url: str) -> Iterator[Callable[[], httpx.Client]]:
             client.close()
 
 
-def post_runs(server: Server, data: Dataset, threads: int, mode: str, raw: str) -> Timing:
-    """Post every body of ``data`` as a run of ``raw`` (text/csv) from ``threads`` client
-    threads; the clock stops when every run is committed: with ``mode`` "wait" each request
-    uses ``wait=true`` and returns once its run is committed, with "async" requests return
-    on acceptance and the runs are polled until committed. The Timing's ``extra`` holds the
-    request latencies' p50 and maximum."""
+def post_runs(
+    server: Server, data: Dataset, threads: int, mode: str, raw: str | Sequence[str]
+) -> Timing:
+    """Post every body of ``data`` as a run of ``raw`` (text/csv), or body i as a run of
+    ``raw[i]`` when ``raw`` names a stream per body, from ``threads`` client threads (each
+    takes the next body, so the runs start in order); the clock stops when every run is
+    committed: with ``mode`` "wait" each request uses ``wait=true`` and returns once its run
+    is committed, with "async" requests return on acceptance and the runs are polled until
+    committed. The Timing's ``extra`` holds the request latencies' p50 and maximum."""
     wait = mode == "wait"
+    streams = [raw] * len(data.bodies) if isinstance(raw, str) else list(raw)
+    if len(streams) != len(data.bodies):
+        raise ValueError(f"{len(streams)} streams for {len(data.bodies)} bodies")
     latencies: list[float] = []
 
     with http_clients(server.url) as client:
 
         def post(index: int) -> str:
-            run_id = f"{raw}-{index:05d}"
+            run_id = f"{streams[index]}-{index:05d}"
             started = time.monotonic()
             response = client().post(
-                f"/streams/{raw}/runs",
+                f"/streams/{streams[index]}/runs",
                 params={"wait": "true" if wait else "false", "run_id": run_id},
                 content=data.bodies[index],
                 headers={"content-type": "text/csv"},

@@ -1,6 +1,6 @@
 """The ad-impression workload that several benchmarks share (ingest, peer_sss, soak): its
-rows, how runs of them arrive late, its streams in Strata, and the batch queries that
-check those streams.
+rows, runs of them (late as a profile of bench.harness.lateness says), its streams in
+Strata, and the batch queries that check those streams.
 
 A row is ``campaign,user_id,price,t``: one of 100 campaigns, a user id, a price of 0.0001
 to 4.9999 with 4 decimals, and an event time.
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import httpx
 import psycopg
 
 from bench.harness.api import create_stream
-from bench.harness.data import DAY_MS, HOUR_MS, Dataset, day_timestamp
+from bench.harness.data import DAY_MS, Dataset, day_timestamp
+from bench.harness.lateness import MIXED, Lateness, arrival_order, pick_late
 
 RAW = "impsns"
 PLAIN = "impsns_plain"  # the baselines' plain table of the same rows
@@ -36,31 +36,6 @@ def impression(rng: random.Random, t: str) -> str:
 # ---- runs of them, some late -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Lateness:
-    """How the runs of a generated workload arrive late (a lateness profile).
-
-    A fraction ``runs`` of the runs are late. With ``delay_ms`` unset, a late run mixes a
-    fraction ``rows`` of rows from anywhere earlier in the span into its own slice (the
-    ingest benchmark's profile). With ``delay_ms = (low, high)``, a late run holds only the
-    rows of its own slice but arrives ``low`` to ``high`` later, after the runs of that much
-    later event time, as a log file held back for hours does. ``jitter_ms`` delays each
-    run's arrival by up to that much, shuffling neighbouring runs; 0 keeps event-time order.
-    """
-
-    runs: float = 0.2
-    rows: float = 0.5
-    delay_ms: tuple[int, int] | None = None
-    jitter_ms: int = 0
-
-
-MIXED = Lateness()
-# 20% of the rows arrive in runs 1-6 hours late; every run's arrival is jittered by up to
-# 30 minutes, which shuffles neighbouring runs when they are shorter than that.
-HOURS_LATE = Lateness(runs=0.2, rows=0.0, delay_ms=(HOUR_MS, 6 * HOUR_MS), jitter_ms=HOUR_MS // 2)
-ON_TIME = Lateness(runs=0.0, rows=0.0)
-
-
 def generate(
     rows: int,
     run_rows: int,
@@ -76,7 +51,7 @@ def generate(
     rng = random.Random(seed)
     runs = math.ceil(rows / run_rows)
     slice_ms = span_ms // runs
-    late = sorted(rng.sample(range(1, runs), round(lateness.runs * runs))) if runs > 1 else []
+    late = pick_late(rng, runs, lateness)
     late_set = set(late)
     mixed = lateness.delay_ms is None
     bodies: list[bytes] = []
@@ -95,17 +70,7 @@ def generate(
         counts.append(n)
     if mixed and not lateness.jitter_ms:
         return Dataset(bodies, counts, late)
-    # Arrival order: a run arrives when its slice ends, plus its delay if it is late, plus
-    # its jitter.
-    arrives = []
-    for run in range(runs):
-        at = (run + 1) * slice_ms
-        if lateness.delay_ms is not None and run in late_set:
-            at += rng.randint(*lateness.delay_ms)
-        if lateness.jitter_ms:
-            at += rng.randrange(lateness.jitter_ms + 1)
-        arrives.append((at, run))
-    order = [run for _, run in sorted(arrives)]
+    order = arrival_order([(run + 1) * slice_ms for run in range(runs)], late_set, lateness, rng)
     return Dataset(
         [bodies[run] for run in order],
         [counts[run] for run in order],

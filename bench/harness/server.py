@@ -28,6 +28,7 @@ class Server:
     url: str
     log_path: Path
     database_url: str = ""
+    psql_url: str = ""  # the SQL port
     started_in: float = 0.0
 
     def log_tail(self, lines: int = 40) -> str:
@@ -36,11 +37,15 @@ class Server:
 
 
 def start_server(data_dir: Path) -> Server:
-    """`strata up` on a free port; returns once GET /health answers, with ``database_url``
-    read from GET /info."""
+    """`strata up` on free ports; returns once GET /health answers, with ``database_url``
+    and ``psql_url`` (its SQL port) read from GET /info."""
     port = free_port()
     log_path = data_dir / "server.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_PORT", "STRATA_HOST")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("STRATA_PORT", "STRATA_HOST", "STRATA_PG_PORT", "STRATA_PG_HOST")
+    }
     command = [
         sys.executable,
         "-m",
@@ -48,6 +53,8 @@ def start_server(data_dir: Path) -> Server:
         "up",
         "--port",
         str(port),
+        "--pg-port",
+        "0",  # any free port: GET /info says which
         "--data-dir",
         str(data_dir / "strata"),
     ]
@@ -73,7 +80,8 @@ def start_server(data_dir: Path) -> Server:
             f"strata up not healthy after {STARTUP_TIMEOUT:.0f}s:\n{server.log_tail()}"
         )
     server.started_in = time.monotonic() - started
-    server.database_url = httpx.get(f"{server.url}/info", timeout=10).json()["database_url"]
+    info = httpx.get(f"{server.url}/info", timeout=10).json()
+    server.database_url, server.psql_url = info["database_url"], info["psql_url"]
     return server
 
 

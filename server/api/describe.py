@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table, raw_archive_table
-from rewriter.plan import ParallelAggregatePlan, ProjectionStreamPlan, RawStreamPlan
+from rewriter.naming import (
+    INTERNAL_SCHEMA,
+    join_archive_table,
+    partial_archive_table,
+    raw_archive_table,
+)
+from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, ProjectionStreamPlan, RawStreamPlan
 from server.catalog import StreamRecord
 
 
@@ -45,6 +50,8 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
                 "ddl": list(plan.create_statements),
             },
         }
+    if isinstance(plan, JoinStreamPlan):
+        return base | _join(plan)
     rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}
     if isinstance(plan, ParallelAggregatePlan):
         rewrite |= {
@@ -62,4 +69,55 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         "parallelism": plan.parallelism.value,
         "parallelism_reason": plan.parallelism_reason,
         "rewrite": rewrite,
+    }
+
+
+def _join(plan: JoinStreamPlan) -> dict[str, object]:
+    """A join stream's plan: its inputs, how a batch reads the rows it can match, and
+    where its rows go."""
+    inputs = [
+        {
+            "alias": i.alias,
+            "source": i.source,
+            "window": None if i.window_us is None else f"TUMBLE, {i.window_us // 1_000_000} s",
+            "filter": i.filter_sql,
+        }
+        for i in plan.inputs
+    ]
+    probes = [
+        {
+            "input": plan.inputs[link.target].alias,
+            "column": link.column,
+            "kind": link.kind.value,
+            "from_input": plan.inputs[link.bound].alias,
+            "from_column": link.bound_column,
+            "offset_seconds": link.offset_us / 1_000_000,
+        }
+        for link in plan.links
+    ]
+    return {
+        "sources": list(plan.raw_sources),
+        "raw_sources": list(plan.raw_sources),
+        "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
+        "event_time": plan.event_time,
+        "parallelism": plan.parallelism.value,
+        "parallelism_reason": plan.parallelism_reason,
+        "join": {
+            "inputs": inputs,
+            "probes": probes,
+            # Probe slices are small DataFrames: Spark broadcasts those under its
+            # autoBroadcastJoinThreshold and shuffles larger ones.
+            "strategy": "each batch reads from PostgreSQL only the rows of the other inputs "
+            "its rows can match (by the probes, through indexes), and Spark joins them "
+            "(broadcast hash join for slices under 10 MB, shuffle otherwise)",
+            "archive_table": f"{INTERNAL_SCHEMA}.{join_archive_table(plan.name)}",
+            # An outer join's view adds the unmatched rows of these inputs on read.
+            "preserved": [plan.inputs[k].alias for k in plan.preserved],
+        },
+        "rewrite": {
+            "view_sql": plan.view_query,
+            "term_queries": list(plan.term_queries),
+            "history_statement": plan.history_statement,
+            "ddl": list(plan.create_statements),
+        },
     }

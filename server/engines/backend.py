@@ -29,8 +29,14 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from rewriter.naming import RUN_ROWS_VIEW, partial_view, projection_view
-from rewriter.plan import ParallelAggregatePlan, ProjectionStreamPlan
+from rewriter.naming import (
+    RUN_ROWS_VIEW,
+    join_input_view,
+    join_view,
+    partial_view,
+    projection_view,
+)
+from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, ProjectionStreamPlan
 from server.catalog import ComputedPlan
 from server.engines.cluster import executors_share_disk
 from server.engines.spark import (
@@ -39,6 +45,7 @@ from server.engines.spark import (
     kill_driver_jvms,
     stop_spark_session,
 )
+from server.ingest.joins import JoinProbes, JoinTerm
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +158,17 @@ class SparkBackend:
         *,
         source: str,
         files: list[str] | None = None,
+        probes: JoinProbes | None = None,
+        input_view: str = RUN_ROWS_VIEW,
     ) -> dict[str, pa.Table]:
         """Partial rows of every parallel plan over ``rows``, a batch of runs of the raw
-        stream ``source`` (with the run column). Projections in ``plans`` only map the rows
-        for the plans after them. ``files``, when given, are Parquet files holding ``rows``.
+        stream ``source`` (with the run column), and the rows the batch adds to every join
+        in ``plans`` (computed against ``probes``). Projections in ``plans`` only map the
+        rows for the plans after them. ``files``, when given, are Parquet files holding
+        ``rows``; ``input_view`` is the view the first plans read them from (a back-fill
+        over a join stream's archive reads them as that join's rows).
         """
-        aggregates = [p for p in plans if isinstance(p, ParallelAggregatePlan)]
+        aggregates = [p for p in plans if isinstance(p, ParallelAggregatePlan | JoinStreamPlan)]
         if not aggregates or rows.num_rows == 0:
             return {plan.name: pa.table({}) for plan in aggregates}
         if self.closing:
@@ -164,7 +176,9 @@ class SparkBackend:
         generation = self._generation
         try:
             session, generation = self._session()
-            return self._partials(session, rows, plans, aggregates, source, files)
+            return self._partials(
+                session, rows, plans, aggregates, source, files, probes, input_view
+            )
         except Exception as error:
             self._recover(generation, error)
             raise
@@ -174,18 +188,22 @@ class SparkBackend:
         session: SparkSession,
         rows: pa.Table,
         plans: list[ComputedPlan],
-        aggregates: list[ParallelAggregatePlan],
+        aggregates: list[ParallelAggregatePlan | JoinStreamPlan],
         source: str,
         files: list[str] | None,
+        probes: JoinProbes | None,
+        input_view: str,
     ) -> dict[str, pa.Table]:
         frame = self._read(session, rows, files)
-        frame.createOrReplaceTempView(RUN_ROWS_VIEW)
+        frame.createOrReplaceTempView(input_view)
         # Plans come in creation order: a roll-up reads the partial rows of the stream below
         # it, an aggregate over a projection reads the projection's rows; both are
         # registered under view names and kept in memory for the batch, so that their
         # rows are computed once. The batch's own rows are read again by each job: reading
         # the spooled Parquet files costs less than caching them.
-        read_by_others = {p.partial_input for p in aggregates}
+        read_by_others = {
+            p.partial_input for p in aggregates if isinstance(p, ParallelAggregatePlan)
+        }
         cached: list[DataFrame] = []
         views: list[str] = []
         outputs: dict[str, DataFrame] = {}
@@ -195,6 +213,11 @@ class SparkBackend:
                     branch = plan.branch(source)
                     assert branch is not None, f"{plan.name} reads no runs of {source}"
                     output, view = session.sql(branch.spark_query), projection_view(plan.name)
+                elif isinstance(plan, JoinStreamPlan):
+                    assert probes is not None, f"{plan.name} was not probed"
+                    terms = probes.terms[plan.name]
+                    output = _joined(session, plan, terms, frame, source)
+                    view = join_view(plan.name)
                 else:
                     assert isinstance(plan, ParallelAggregatePlan), f"{plan.name} is serial"
                     output, view = session.sql(plan.partial_query), partial_view(plan.name)
@@ -203,7 +226,7 @@ class SparkBackend:
                     cached.append(output)
                     output.createOrReplaceTempView(view)
                     views.append(view)
-                if isinstance(plan, ParallelAggregatePlan):
+                if isinstance(plan, ParallelAggregatePlan | JoinStreamPlan):
                     outputs[plan.name] = output
             # A job that reads a cached frame another job is computing waits for its blocks.
             jobs = {name: self._jobs.submit(output.toArrow) for name, output in outputs.items()}
@@ -212,7 +235,7 @@ class SparkBackend:
         finally:
             for frame_ in cached:
                 frame_.unpersist()
-            for view in [*views, RUN_ROWS_VIEW]:
+            for view in [*views, input_view, *_join_input_views(plans)]:
                 session.catalog.dropTempView(view)
 
     def _read(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
@@ -224,3 +247,34 @@ class SparkBackend:
             self._file_schemas[rows.schema] = frame.schema
             return frame
         return session.read.schema(schema).parquet(*files)
+
+
+def _join_input_views(plans: list[ComputedPlan]) -> list[str]:
+    widest = max((len(p.inputs) for p in plans if isinstance(p, JoinStreamPlan)), default=0)
+    return [join_input_view(k) for k in range(widest)]
+
+
+def _joined(
+    session: SparkSession,
+    plan: JoinStreamPlan,
+    terms: list[JoinTerm],
+    batch: DataFrame,
+    source: str,
+) -> DataFrame:
+    """The rows the batch adds to the join: the union of its terms (server/ingest/joins.py).
+    Each term's query is analysed while its inputs' views hold that term's rows."""
+    parts: list[DataFrame] = []
+    for term in terms:
+        for position, entry in enumerate(plan.inputs):
+            if position == term.delta:
+                rows = batch
+            else:
+                rows = session.createDataFrame(term.rows[position])
+                if position < term.delta and entry.source == source:
+                    rows = rows.unionByName(batch.select(*rows.columns))
+            rows.createOrReplaceTempView(join_input_view(position))
+        parts.append(session.sql(plan.term_queries[term.delta]))
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined.unionByName(part)
+    return joined

@@ -51,16 +51,24 @@ def _utc_text(data: pa.Table) -> pa.Table:
 
 
 def copy_out(
-    cursor: psycopg.Cursor, table: str, schema: pa.Schema, runs: list[int] | None = None
+    cursor: psycopg.Cursor,
+    table: str,
+    schema: pa.Schema,
+    runs: list[int] | None = None,
+    *,
+    where: sql.Composable | None = None,
 ) -> pa.Table:
     """Read the named columns of an internal table into Arrow with the given schema
-    (only the rows of ``runs``, when given)."""
+    (only the rows of ``runs``, and those meeting ``where``, when given)."""
+    conditions = [] if where is None else [where]
+    if runs is not None:
+        conditions.append(
+            sql.SQL("{} = ANY({})").format(sql.Identifier(RUN_COLUMN), sql.Literal(runs))
+        )
     statement = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
         sql.SQL(", ").join(sql.Identifier(n) for n in schema.names),
         internal_table(table),
-        sql.SQL("")
-        if runs is None
-        else sql.SQL(" WHERE {} = ANY({})").format(sql.Identifier(RUN_COLUMN), sql.Literal(runs)),
+        sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
     )
     buffer = io.BytesIO()
     with cursor.copy(statement) as copy:

@@ -93,7 +93,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Context, Decimal
 from typing import Any
@@ -112,7 +112,9 @@ __all__ = [
     "UnsupportedContentType",
     "arrow_schema",
     "arrow_type",
+    "columns_from_fields",
     "parse_run",
+    "rows_from_fields",
     "run_format",
 ]
 
@@ -1123,6 +1125,63 @@ def _slow_csv(
                 values[name].append(parsers[i](text))
             except _Bad as exc:
                 raise RunFormatError(str(exc), line=record.line, column=name, value=text) from None
+        for name in absent:
+            values[name].append(None)
+    return _build_table(values, columns)
+
+
+# ------------------------------------------------ building blocks for other framings
+# server/ingest/copy_format.py reads PostgreSQL's COPY formats into runs with these, so a
+# COPY and an HTTP body of the same rows give the same table, or the same error.
+
+
+def columns_from_fields(
+    fields: dict[str, pa.ChunkedArray], columns: Sequence[ColumnSpec], event_time: str
+) -> pa.Table | None:
+    """The fast path over columns of field texts, null where a field is NULL, keyed by
+    declared column (those absent are NULL): the run's table, or None when the fast path
+    cannot vouch for a value (``rows_from_fields`` then names the problem)."""
+    try:
+        arrays = {
+            c.name: _from_strings(fields[c.name], c.type)
+            if c.name in fields
+            else pa.chunked_array([pa.nulls(_length(fields), arrow_type(c.type))])
+            for c in columns
+        }
+        return _assemble(arrays, columns, event_time)
+    except Exception:  # the fast path only vouches for values it fully understands
+        return None
+
+
+def _length(fields: dict[str, pa.ChunkedArray]) -> int:
+    return len(next(iter(fields.values()))) if fields else 0
+
+
+def rows_from_fields(
+    records: Iterable[tuple[int, Sequence[str | None]]],
+    names: Sequence[str],
+    columns: Sequence[ColumnSpec],
+    event_time: str,
+) -> pa.Table:
+    """The slow path over records: (line, field texts in the order of ``names``, None for
+    NULL). Raises RunFormatError naming the line, column and value of the first bad field."""
+    types = {c.name: c.type for c in columns}
+    parsers = [_text_parser(types[name]) for name in names]
+    values: dict[str, list[Any]] = {c.name: [] for c in columns}
+    absent = [c.name for c in columns if c.name not in names]
+    for line, fields in records:
+        for name, parser, text in zip(names, parsers, fields, strict=True):
+            if text is None:
+                if name == event_time:
+                    raise RunFormatError(
+                        _event_time_missing(event_time, null=True), line=line, column=name
+                    )
+                values[name].append(None)
+                continue
+            try:
+                values[name].append(parser(text))
+            except _Bad as exc:
+                raise RunFormatError(str(exc), line=line, column=name, value=text) from None
         for name in absent:
             values[name].append(None)
     return _build_table(values, columns)

@@ -38,11 +38,13 @@ from psycopg import sql
 from pyspark.errors import PySparkException
 
 from rewriter import ParallelAggregatePlan, RawStreamPlan
-from rewriter.naming import partial_archive_table, raw_archive_table
+from rewriter.naming import raw_archive_table
+from rewriter.plan import JoinStreamPlan
 from server import catalog, faults
-from server.catalog import PlanCache, RunRecord, StreamRecord
+from server.catalog import PlanCache, RunRecord, StreamRecord, archive_table
 from server.engines.backend import SparkBackend, SparkStopped
 from server.ingest.archive import copy_in, internal_table
+from server.ingest.joins import JoinProbes, lock_versions, probe
 from server.ingest.progress import record_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
@@ -66,8 +68,9 @@ class _Batch:
     runs: list[RunRecord]
     data: pa.Table
     dependents: list[catalog.ComputedPlan]
-    partials: dict[str, pa.Table]
+    partials: dict[str, pa.Table]  # by stream: partial rows, or the rows added to a join
     spark_seconds: float
+    probes: JoinProbes  # what the batch's joins were computed against
 
     @property
     def seqs(self) -> list[int]:
@@ -286,11 +289,29 @@ class IngestPipeline:
         data = pa.concat_tables([self.spool.read(path) for path in paths])
         started = time.perf_counter()
         dependents = catalog.dependents(self.streams(), stream)
+        probes = self._probe(stream, dependents, data)
         faults.reach("in_spark", [r.run_id for r in runs])
-        partials = self.backend.partials(data, dependents, source=stream, files=paths)
+        partials = self.backend.partials(
+            data, dependents, source=stream, files=paths, probes=probes
+        )
         seconds = time.perf_counter() - started
         self.metrics.stage_took("spark", seconds)
-        return _Batch(stream, runs, data, dependents, partials, seconds)
+        return _Batch(stream, runs, data, dependents, partials, seconds, probes)
+
+    def _probe(
+        self, stream: str, dependents: list[catalog.ComputedPlan], data: pa.Table
+    ) -> JoinProbes:
+        """The rows of the other inputs of the batch's joins that its rows can match, read
+        in one snapshot with the versions they were committed at (ingest/joins.py)."""
+        joins = [p for p in dependents if isinstance(p, JoinStreamPlan)]
+        if not joins:
+            return JoinProbes()
+        with self.engine.connect() as connection:
+            connection = connection.execution_options(
+                isolation_level="REPEATABLE READ", postgresql_readonly=True
+            )
+            with connection.begin():
+                return probe(connection, joins, stream, data)
 
     def _finish(self, seq: int) -> None:
         with self._done_lock:
@@ -417,12 +438,22 @@ class IngestPipeline:
             )
             if committed != {r.seq for r in runs}:
                 raise _Retry([r for r in runs if r.seq in committed])
+            joins = [p for p in dependents if isinstance(p, JoinStreamPlan)]
+            if joins and not lock_versions(connection, joins, stream, batch.probes.versions):
+                raise _Retry(runs)  # a source of a join committed since the probe
             copy_in(cursor, raw_archive_table(stream), batch.data)
-            for name, partial in batch.partials.items():
-                copy_in(cursor, partial_archive_table(name), partial)
+            for plan in dependents:
+                if plan.name in batch.partials:
+                    copy_in(cursor, archive_table(plan), batch.partials[plan.name])
             raw = records[stream].plan
             assert isinstance(raw, RawStreamPlan)
-            windowed = [p for p in dependents if isinstance(p, ParallelAggregatePlan)]
+            # Lateness per window is counted by the raw rows' event times: for the streams
+            # whose rows come through a join, a row's window is the join row's, not the raw's.
+            windowed = [
+                p
+                for p in dependents
+                if isinstance(p, ParallelAggregatePlan) and not catalog.through_join(records, p)
+            ]
             seqs = [r.seq for r in runs]
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             record_corrections(connection, records, raw, batch.data)

@@ -20,8 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
-from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
-from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, StreamPlan
+from rewriter.naming import (
+    INTERNAL_SCHEMA,
+    RUN_COLUMN,
+    RUN_ROWS_VIEW,
+    join_archive_table,
+    join_view,
+    partial_archive_table,
+    raw_archive_table,
+)
+from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, RawStreamPlan, StreamPlan
 from server import catalog
 from server.catalog import PlanCache
 from server.engines.backend import SparkBackend
@@ -32,14 +40,27 @@ from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
-def plan_backfill(connection: sa.Connection, plan: ParallelAggregatePlan) -> None:
-    """List the committed runs of ``plan``'s raw sources (caller holds their SHARE locks)."""
-    runs = catalog.runs
-    pending = (
-        sa.select(sa.literal(plan.name), runs.c.seq, runs.c.stream, runs.c.rows)
-        .where(runs.c.stream.in_(plan.raw_sources), runs.c.status == "committed")
-        .where(runs.c.rows > 0)
-    )
+def plan_backfill(
+    connection: sa.Connection, records: dict[str, catalog.StreamRecord], plan: ParallelAggregatePlan
+) -> None:
+    """List the committed runs of ``plan``'s raw sources (caller holds their SHARE locks),
+    or, for a stream built on a join, the runs of the join's archived rows."""
+    source = catalog.row_source(records, plan)
+    if isinstance(source, JoinStreamPlan):
+        joined = sa.table(
+            join_archive_table(source.name), sa.column(RUN_COLUMN), schema=INTERNAL_SCHEMA
+        )
+        run = joined.c[RUN_COLUMN]
+        pending = sa.select(
+            sa.literal(plan.name), run, sa.literal(source.name), sa.func.count()
+        ).group_by(run)
+    else:
+        runs = catalog.runs
+        pending = (
+            sa.select(sa.literal(plan.name), runs.c.seq, runs.c.stream, runs.c.rows)
+            .where(runs.c.stream.in_(plan.raw_sources), runs.c.status == "committed")
+            .where(runs.c.rows > 0)
+        )
     connection.execute(
         sa.insert(catalog.backfill_runs).from_select(["stream", "run", "source", "rows"], pending)
     )
@@ -111,13 +132,17 @@ class Backfiller(Worker):
                 chunk.append(run.run)
                 rows += run.rows
             records = self.plans.load(connection)
-            raw = records[source].plan
-            assert isinstance(raw, RawStreamPlan)
+            rows_of = records[source].plan
+            assert isinstance(rows_of, RawStreamPlan | JoinStreamPlan)
             cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            schema = arrow_schema(raw.columns).append(pa.field(RUN_COLUMN, pa.int64()))
-            history = copy_out(cursor, raw_archive_table(source), schema, runs=chunk)
+            schema = arrow_schema(rows_of.columns).append(pa.field(RUN_COLUMN, pa.int64()))
+            if isinstance(rows_of, JoinStreamPlan):
+                archive, view = join_archive_table(source), join_view(source)
+            else:
+                archive, view = raw_archive_table(source), RUN_ROWS_VIEW
+            history = copy_out(cursor, archive, schema, runs=chunk)
             chain = catalog.lineage(records, plan)
-            partial = self._partials(history, chain, source)[plan.name]
+            partial = self._partials(history, chain, source, view)[plan.name]
             copy_in(cursor, partial_archive_table(plan.name), partial)
             connection.execute(
                 sa.delete(listed).where(listed.c.stream == plan.name, listed.c.run.in_(chunk))
@@ -138,15 +163,17 @@ class Backfiller(Worker):
         return 1
 
     def _partials(
-        self, history: pa.Table, chain: list[catalog.ComputedPlan], source: str
+        self, history: pa.Table, chain: list[catalog.ComputedPlan], source: str, view: str
     ) -> dict[str, pa.Table]:
         if self.scratch is None or not self.backend.reads_files or history.num_rows == 0:
-            return self.backend.partials(history, chain, source=source)
+            return self.backend.partials(history, chain, source=source, input_view=view)
         self.scratch.mkdir(parents=True, exist_ok=True)
         path = self.scratch / f"backfill-{uuid.uuid4().hex}.parquet"
         try:
             pq.write_table(history, path, compression="none")
-            return self.backend.partials(history, chain, source=source, files=[str(path)])
+            return self.backend.partials(
+                history, chain, source=source, files=[str(path)], input_view=view
+            )
         finally:
             path.unlink(missing_ok=True)
 

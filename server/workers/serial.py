@@ -31,7 +31,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from rewriter import naming
-from rewriter.plan import ProjectionStreamPlan, RawStreamPlan, SerialAggregatePlan, StreamPlan
+from rewriter.plan import (
+    JoinStreamPlan,
+    ProjectionStreamPlan,
+    RawStreamPlan,
+    SerialAggregatePlan,
+    StreamPlan,
+)
 from server import catalog
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
 from server.ingest.progress import micros, moment
@@ -56,6 +62,7 @@ def window_starts(times: np.ndarray, chain: list[ComputedPlan]) -> np.ndarray:
     for plan in chain:
         if isinstance(plan, ProjectionStreamPlan):
             continue  # a projection passes its source's event time through unchanged
+        assert not isinstance(plan, JoinStreamPlan), "a lineage starts below a join"
         slide, size = plan.window_slide_us, plan.window_size_us
         first = times - np.mod(times, slide)
         times = np.concatenate([first - k * slide for k in range(size // slide)])

@@ -2,69 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-import unicodedata
-
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from server.api.deps import ServiceDep, SettingsDep
-from server.errors import InvalidRunId, PayloadTooLarge, SpoolFull, UnknownRun
+from server.errors import PayloadTooLarge, UnknownRun
+from server.ingest.admission import admit, check_run_id
 from server.ingest.parse import run_format
-from server.service import StrataService
-from server.settings import Settings
 
 router = APIRouter(tags=["runs"])
-
-MAX_RUN_ID = 256
-# A client told to come back later (429) is asked to wait this long.
-RETRY_AFTER_SECONDS = 2
-_SPOOL_POLL_SECONDS = 0.2
-
-
-def check_run_id(run_id: str) -> str:
-    """A run id is 1 to MAX_RUN_ID characters, none of them a control character."""
-    if len(run_id) > MAX_RUN_ID:
-        raise InvalidRunId(
-            f"run id of {len(run_id)} characters is too long; at most {MAX_RUN_ID} are allowed"
-        )
-    bad = next((c for c in run_id if unicodedata.category(c) in ("Cc", "Cs")), None)
-    if bad is not None:
-        raise InvalidRunId(
-            f"run id {run_id[:80]!r} holds U+{ord(bad):04X}, a control character or a lone "
-            "surrogate; use printable characters"
-        )
-    return run_id
-
-
-async def _admit(service: StrataService, settings: Settings, run_id: str | None) -> None:
-    """Hold a new run back while the spool is full (STRATA_MAX_SPOOL_BYTES): refuse it
-    (429 with Retry-After) or, with STRATA_SPOOL_FULL=wait, wait a bounded time for room.
-
-    Checked before the body is read, so a full spool costs neither memory nor disk. A run
-    id already known passes: its answer is the first result, which takes no room.
-    """
-    limit = settings.max_spool_bytes
-    if limit <= 0:
-        return
-    waiting = settings.spool_full_wait if settings.spool_full == "wait" else 0.0
-    deadline = time.monotonic() + waiting
-    while True:
-        used = await run_in_threadpool(service.spool.pending_bytes)
-        if used < limit:
-            return
-        if run_id and await run_in_threadpool(service.run, run_id) is not None:
-            return
-        if time.monotonic() >= deadline:
-            waited = f" after waiting {waiting:g} s" if waiting else ""
-            raise SpoolFull(
-                f"the run spool is full{waited}: {used} bytes of runs await their commit "
-                f"(limit {limit}, STRATA_MAX_SPOOL_BYTES); retry later",
-                retry_after=RETRY_AFTER_SECONDS,
-            )
-        await asyncio.sleep(_SPOOL_POLL_SECONDS)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -107,7 +54,7 @@ async def post_run(
         check_run_id(run_id)
     content_type = request.headers.get("content-type", "")
     run_format(content_type)  # 415 before the body is read
-    await _admit(service, settings, run_id)
+    await admit(service, settings, run_id)
     body = await _read_body(request, settings.max_run_bytes)
     record = await run_in_threadpool(service.submit_run, name, body, content_type, run_id)
     if wait:

@@ -9,16 +9,16 @@ view of every stream it creates, and so does a migration adding another view mea
 dashboards (such as strata_window_status). Whatever else dashboards should read is its
 owner's explicit GRANT.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 """
 
 from pathlib import Path
 
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
@@ -90,7 +90,7 @@ SELECT {GRANT_READER.split("(")[0]}(c.oid::regclass)
 def upgrade() -> None:
     op.execute(REVOKE_DEFAULTS)
     op.execute(REVOKE_OTHERS)
-    op.execute((FROZEN_SQL / "0009_least_privilege.sql").read_text())
+    op.execute((FROZEN_SQL / "0010_least_privilege.sql").read_text())
     # Run by Strata's own role, which owns the views it grants on; nobody else may call it
     # (0006's default privileges would let the reader), although GRANT would refuse them.
     op.execute(f"REVOKE ALL ON FUNCTION {GRANT_READER} FROM PUBLIC, {READER}")

@@ -1,4 +1,4 @@
--- strata_grant_reader as migration 0009 created it (frozen: sql/004_reader.sql holds the
+-- strata_grant_reader as migration 0010 created it (frozen: sql/004_reader.sql holds the
 -- current definition, installed at every start).
 CREATE OR REPLACE FUNCTION public.strata_grant_reader(relation regclass)
 RETURNS void

@@ -1,0 +1,61 @@
+"""What a new run must pass before its body is read, over HTTP and over the SQL port: a
+valid run id, and room in the spool (STRATA_MAX_SPOOL_BYTES)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import unicodedata
+
+from server.errors import InvalidRunId, SpoolFull
+from server.service import StrataService
+from server.settings import Settings
+
+MAX_RUN_ID = 256
+# A client told to come back later (429, or SQLSTATE 53000 over the SQL port) is asked to
+# wait this long.
+RETRY_AFTER_SECONDS = 2
+_SPOOL_POLL_SECONDS = 0.2
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id is 1 to MAX_RUN_ID characters, none of them a control character."""
+    if len(run_id) > MAX_RUN_ID:
+        raise InvalidRunId(
+            f"run id of {len(run_id)} characters is too long; at most {MAX_RUN_ID} are allowed"
+        )
+    bad = next((c for c in run_id if unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None:
+        raise InvalidRunId(
+            f"run id {run_id[:80]!r} holds U+{ord(bad):04X}, a control character or a lone "
+            "surrogate; use printable characters"
+        )
+    return run_id
+
+
+async def admit(service: StrataService, settings: Settings, run_id: str | None) -> None:
+    """Hold a new run back while the spool is full (STRATA_MAX_SPOOL_BYTES): refuse it
+    (SpoolFull) or, with STRATA_SPOOL_FULL=wait, wait a bounded time for room.
+
+    Checked before the body is read, so a full spool costs neither memory nor disk. A run
+    id already known passes: its answer is the first result, which takes no room.
+    """
+    limit = settings.max_spool_bytes
+    if limit <= 0:
+        return
+    waiting = settings.spool_full_wait if settings.spool_full == "wait" else 0.0
+    deadline = time.monotonic() + waiting
+    while True:
+        used = await asyncio.to_thread(service.spool.pending_bytes)
+        if used < limit:
+            return
+        if run_id and await asyncio.to_thread(service.run, run_id) is not None:
+            return
+        if time.monotonic() >= deadline:
+            waited = f" after waiting {waiting:g} s" if waiting else ""
+            raise SpoolFull(
+                f"the run spool is full{waited}: {used} bytes of runs await their commit "
+                f"(limit {limit}, STRATA_MAX_SPOOL_BYTES); retry later",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        await asyncio.sleep(_SPOOL_POLL_SECONDS)

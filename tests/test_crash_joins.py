@@ -1,0 +1,135 @@
+"""Kill -9 while a join batch commits: of the whole server, of PostgreSQL alone, of the Spark
+JVM alone. After recovery (and retrying what the server never took) the join and the
+stream built on it equal their batch queries: no pair lost, none doubled."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.test_e2e import Server
+from tests.test_joins import canonical
+
+pytestmark = pytest.mark.e2e
+
+START = datetime(2024, 9, 1, tzinfo=UTC)
+STREAMS = (
+    "CREATE STREAM ls (k integer, v integer, t timestamptz) WITH (event_time = 't')",
+    "CREATE STREAM rs (k integer, w integer, t timestamptz) WITH (event_time = 't')",
+    "CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k",
+    "CREATE STREAM lr_hourly AS SELECT k, count(*) AS n, sum(w) AS w, window_start "
+    "FROM TUMBLE(lr, t, INTERVAL '1 hour') GROUP BY k, window_start",
+)
+ORACLES = {
+    "SELECT k, v, w, t FROM lr": "SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k",
+    "SELECT k, n, w, window_start FROM lr_hourly": (
+        "SELECT l.k, count(*), sum(r.w), date_bin('1 hour', r.t, timestamptz 'epoch') "
+        "FROM ls l JOIN rs r ON l.k = r.k GROUP BY 1, 4"
+    ),
+}
+NDJSON = {"content-type": "application/x-ndjson"}
+
+
+def _body(rng: random.Random, column: str) -> str:
+    rows = [
+        {
+            "k": rng.randrange(20),
+            column: rng.randrange(100),
+            "t": (START + timedelta(seconds=rng.randrange(7200))).isoformat(),
+        }
+        for _ in range(rng.randrange(20, 60))
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def _post(url: str, stream: str, run_id: str, body: str, *, wait: bool) -> bool:
+    try:
+        response = httpx.post(
+            f"{url}/streams/{stream}/runs",
+            params={"run_id": run_id, "wait": "true" if wait else "false"},
+            content=body,
+            headers=NDJSON,
+            timeout=120,
+        )
+    except httpx.TransportError:
+        return False  # the server died under the request
+    return response.status_code in (200, 202)
+
+
+@pytest.mark.parametrize("target", ["server", "postgres", "spark"])
+def test_kill_while_a_join_batch_commits(tmp_path: Path, target: str) -> None:
+    rng = random.Random(5)
+    trigger = f"join-{target}"
+    phase = "in_spark" if target == "spark" else "in_pg_write"
+    server = Server(tmp_path / "data", env={"STRATA_FAULT": f"{phase}:{target}:{trigger}"})
+    server.start()
+    bodies: dict[str, tuple[str, str]] = {}
+    acknowledged: set[str] = set()
+    try:
+        client = httpx.Client(base_url=server.url, timeout=60)
+        for statement in STREAMS:
+            client.post("/streams", json={"sql": statement}).raise_for_status()
+        for i in range(8):  # history on both sides
+            stream, column = ("ls", "v") if i % 2 else ("rs", "w")
+            bodies[f"before-{i}"] = (stream, _body(rng, column))
+            assert _post(server.url, stream, f"before-{i}", bodies[f"before-{i}"][1], wait=True)
+            acknowledged.add(f"before-{i}")
+        # The trigger, a run of ls, commits while runs of both sides keep arriving.
+        bodies[trigger] = ("ls", _body(rng, "v"))
+        outcome: list[bool] = []
+        waiting = threading.Thread(
+            target=lambda: outcome.append(
+                _post(server.url, "ls", trigger, bodies[trigger][1], wait=True)
+            )
+        )
+        waiting.start()
+        for i in range(6):
+            time.sleep(0.2)
+            stream, column = ("rs", "w") if i % 2 == 0 else ("ls", "v")
+            bodies[f"during-{i}"] = (stream, _body(rng, column))
+            if _post(server.url, stream, f"during-{i}", bodies[f"during-{i}"][1], wait=False):
+                acknowledged.add(f"during-{i}")
+        waiting.join()
+        if outcome[0]:
+            acknowledged.add(trigger)
+        if target == "server":
+            assert server.process is not None
+            assert server.process.wait(timeout=60) == -signal.SIGKILL
+            del server.extra_env["STRATA_FAULT"]
+            server.start()
+            client = httpx.Client(base_url=server.url, timeout=60)
+        # Every acknowledged run commits without a retry; the others are posted again
+        # with their run ids (what the server took commits once).
+        deadline = time.monotonic() + 180
+        statuses: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            statuses = {
+                run_id: (r.json()["status"] if r.status_code == 200 else "unknown")
+                for run_id in bodies
+                for r in [client.get(f"/runs/{run_id}")]
+            }
+            if "pending" not in statuses.values():
+                break
+            time.sleep(0.3)
+        assert {statuses[r] for r in acknowledged} == {"committed"}, statuses
+        for run_id, (stream, body) in bodies.items():
+            assert _post(server.url, stream, run_id, body, wait=True), run_id
+        with psycopg.connect(server.database_url) as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for view, oracle in ORACLES.items():
+                got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
+                want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
+                assert got == want, view
+            rows = connection.execute("SELECT count(*) FROM lr").fetchone()
+        assert rows is not None and rows[0] > 100
+    finally:
+        server.close()

@@ -1,0 +1,545 @@
+"""Joins are exact (invariant 6): every join view equals the same join run as a batch over
+all rows received, whatever the split into runs, their order and lateness, and at every
+instant (real PostgreSQL, real Spark).
+
+The oracle of each join is its query run by PostgreSQL over the raw views; of a stream
+built on a join, its GROUP BY over that oracle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import Strata
+
+START = datetime(2024, 5, 1, tzinfo=UTC)
+_names = itertools.count()
+
+PERSON = (
+    "CREATE STREAM {p} (id bigint, name text, city text, date_time timestamptz) "
+    "WITH (event_time = 'date_time')"
+)
+AUCTION = (
+    "CREATE STREAM {a} (id bigint, seller bigint, category integer, item_name text, "
+    "date_time timestamptz, expires timestamptz) WITH (event_time = 'date_time')"
+)
+BID = (
+    "CREATE STREAM {b} (auction bigint, bidder bigint, price bigint, date_time timestamptz) "
+    "WITH (event_time = 'date_time')"
+)
+
+
+def at(seconds: float) -> str:
+    return (START + timedelta(seconds=seconds)).isoformat()
+
+
+def ndjson(rows: list[dict[str, object]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def canonical(rows: list[tuple]) -> list[tuple]:
+    """Rows as a sorted multiset (None sorts first)."""
+    return sorted(rows, key=lambda r: tuple((v is not None, str(v)) for v in r))
+
+
+def same(strata: Strata, view: str, oracle: str) -> None:
+    """The view equals its oracle, both read in one snapshot."""
+    with psycopg.connect(strata.database_url) as connection:
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        got = canonical(connection.execute(view).fetchall())
+        want = canonical(connection.execute(oracle).fetchall())
+    assert got == want, f"view has {len(got)} rows, the batch join {len(want)}"
+
+
+class Nexmark:
+    """Fresh person, auction and bid streams, and random rows for them."""
+
+    def __init__(self, strata: Strata, rng: random.Random) -> None:
+        n = next(_names)
+        self.p, self.a, self.b = f"person_{n}", f"auction_{n}", f"bid_{n}"
+        self.strata, self.rng = strata, rng
+        for statement in (PERSON, AUCTION, BID):
+            strata.create(statement.format(p=self.p, a=self.a, b=self.b))
+        self.people = 12
+
+    def person(self, key: int) -> dict[str, object]:
+        return {
+            "id": key,
+            "name": f"name{key}",
+            "city": self.rng.choice(["Oslo", "Lima", None]),
+            "date_time": at(self.rng.uniform(0, 7200)),
+        }
+
+    def auction(self, key: int) -> dict[str, object]:
+        opened = self.rng.uniform(0, 7200)
+        return {
+            "id": key,
+            "seller": self.rng.choice([*range(self.people), None]),
+            "category": self.rng.choice([10, 10, 11]),
+            "item_name": f"item{key}",
+            "date_time": at(opened),
+            "expires": at(opened + self.rng.uniform(0, 1800)),
+        }
+
+    def bid(self, auctions: int) -> dict[str, object]:
+        return {
+            "auction": self.rng.randrange(auctions + 2),
+            "bidder": self.rng.randrange(self.people + 3),
+            "price": self.rng.randrange(1, 500),
+            "date_time": at(self.rng.uniform(0, 9000)),
+        }
+
+    def runs(self, people: int, auctions: int, bids: int, size: int) -> list[tuple[str, str]]:
+        """Every row in runs of up to ``size`` rows, all three streams shuffled together
+        (so a run of one side may come hours after the rows it joins)."""
+        rows = (
+            [(self.p, self.person(k)) for k in range(people)]
+            + [(self.a, self.auction(k)) for k in range(auctions)]
+            + [(self.b, self.bid(auctions)) for _ in range(bids)]
+        )
+        self.rng.shuffle(rows)
+        runs: list[tuple[str, str]] = []
+        for stream in (self.p, self.a, self.b):
+            mine = [r for s, r in rows if s == stream]
+            for start in range(0, len(mine), size):
+                runs.append((stream, ndjson(mine[start : start + size])))
+        self.rng.shuffle(runs)
+        return runs
+
+    def ingest(self, runs: list[tuple[str, str]]) -> None:
+        for stream, body in runs:
+            self.strata.ingest(stream, body)
+
+
+@pytest.fixture
+def nexmark(module_strata: Strata) -> Nexmark:
+    return Nexmark(module_strata, random.Random(7))
+
+
+def test_unbounded_join_and_an_aggregate_over_it(nexmark: Nexmark) -> None:
+    strata, p, a = nexmark.strata, nexmark.p, nexmark.a
+    q3 = f"q3_{next(_names)}"
+    described = strata.create(
+        f"CREATE STREAM {q3} AS SELECT p.name, p.city, a.id, a.date_time "
+        f"FROM {a} a JOIN {p} p ON a.seller = p.id WHERE a.category = 10"
+    )
+    assert described["parallelism"] == "PP"
+    assert described["join"]["probes"][0]["kind"] == "equal"
+    per_city = f"per_city_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {per_city} AS SELECT city, count(*) AS n, max(id) AS top, "
+        f"window_start FROM TUMBLE({q3}, date_time, INTERVAL '30 minutes') "
+        "GROUP BY city, window_start"
+    )
+    nexmark.ingest(nexmark.runs(people=12, auctions=40, bids=0, size=5))
+    oracle = (
+        f"SELECT p.name, p.city, a.id, a.date_time FROM {a} a JOIN {p} p "
+        "ON a.seller = p.id WHERE a.category = 10"
+    )
+    same(strata, f"SELECT name, city, id, date_time FROM {q3}", oracle)
+    same(
+        strata,
+        f"SELECT city, n, top, window_start FROM {per_city}",
+        f"SELECT city, count(*), max(id), date_bin('30 minutes', date_time, "
+        f"timestamptz 'epoch') FROM ({oracle}) j GROUP BY 1, 4",
+    )
+    assert strata.query(f"SELECT count(*) FROM {q3}")[0][0] > 5  # the test joins something
+
+
+def test_window_join_and_band_join(nexmark: Nexmark) -> None:
+    strata, p, a, b = nexmark.strata, nexmark.p, nexmark.a, nexmark.b
+    q8, q20 = f"q8_{next(_names)}", f"q20_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {q8} AS SELECT p.id, p.name, p.window_start "
+        f"FROM TUMBLE({p}, date_time, INTERVAL '10 minutes') p "
+        f"JOIN TUMBLE({a}, date_time, INTERVAL '10 minutes') a "
+        "ON p.id = a.seller AND p.window_start = a.window_start"
+    )
+    strata.create(
+        f"CREATE STREAM {q20} AS SELECT b.auction, b.price, a.item_name, b.date_time "
+        f"FROM {b} b JOIN {a} a ON a.id = b.auction "
+        "AND b.date_time BETWEEN a.date_time AND a.expires"
+    )
+    nexmark.ingest(nexmark.runs(people=12, auctions=30, bids=120, size=7))
+
+    def tumble(stream: str) -> str:
+        return (
+            f"(SELECT *, date_bin('10 minutes', date_time, timestamptz 'epoch') AS "
+            f"window_start FROM {stream})"
+        )
+
+    same(
+        strata,
+        f"SELECT id, name, window_start FROM {q8}",
+        f"SELECT p.id, p.name, p.window_start FROM {tumble(p)} p JOIN {tumble(a)} a "
+        "ON p.id = a.seller AND p.window_start = a.window_start",
+    )
+    same(
+        strata,
+        f"SELECT auction, price, item_name, date_time FROM {q20}",
+        f"SELECT b.auction, b.price, a.item_name, b.date_time FROM {b} b JOIN {a} a "
+        "ON a.id = b.auction AND b.date_time BETWEEN a.date_time AND a.expires",
+    )
+    assert strata.query(f"SELECT count(*) FROM {q20}")[0][0] > 0
+
+
+def test_three_way_join_self_join_and_arbitrary_predicates(nexmark: Nexmark) -> None:
+    strata, p, a, b = nexmark.strata, nexmark.p, nexmark.a, nexmark.b
+    q23, pairs = f"q23_{next(_names)}", f"pairs_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {q23} AS SELECT b.auction, b.price, p.name, a.item_name, b.date_time "
+        f"FROM {b} b JOIN {p} p ON p.id = b.bidder JOIN {a} a ON a.seller = b.bidder"
+    )
+    # A stream joined with itself, a band with an interval and an inequality on numbers.
+    strata.create(
+        f"CREATE STREAM {pairs} AS SELECT x.auction, x.price AS first, y.price AS second, "
+        f"y.date_time FROM {b} x JOIN {b} y ON x.auction = y.auction AND x.price < y.price "
+        "AND y.date_time BETWEEN x.date_time - INTERVAL '20 minutes' AND x.date_time "
+        "AND abs(x.price - y.price) < 400"
+    )
+    nexmark.ingest(nexmark.runs(people=12, auctions=20, bids=90, size=9))
+    same(
+        strata,
+        f"SELECT auction, price, name, item_name, date_time FROM {q23}",
+        f"SELECT b.auction, b.price, p.name, a.item_name, b.date_time FROM {b} b "
+        f"JOIN {p} p ON p.id = b.bidder JOIN {a} a ON a.seller = b.bidder",
+    )
+    same(
+        strata,
+        f"SELECT auction, first, second, date_time FROM {pairs}",
+        f"SELECT x.auction, x.price, y.price, y.date_time FROM {b} x JOIN {b} y "
+        "ON x.auction = y.auction AND x.price < y.price AND y.date_time BETWEEN "
+        "x.date_time - INTERVAL '20 minutes' AND x.date_time AND abs(x.price - y.price) < 400",
+    )
+    assert strata.query(f"SELECT count(*) FROM {pairs}")[0][0] > 0
+
+
+def test_join_and_aggregate_created_over_history(nexmark: Nexmark) -> None:
+    """A join created after its sources hold rows joins their history at once; a stream
+    created on the join later back-fills from the join's archive; runs after both count
+    once."""
+    strata, p, a = nexmark.strata, nexmark.p, nexmark.a
+    runs = nexmark.runs(people=12, auctions=40, bids=0, size=6)
+    nexmark.ingest(runs[: len(runs) // 2])
+    sellers = f"sellers_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {sellers} AS SELECT a.id, a.category, p.city, a.date_time "
+        f"FROM {a} a, {p} p WHERE a.seller = p.id"
+    )
+    nexmark.ingest(runs[len(runs) // 2 : -3])
+    counts = f"counts_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {counts} AS SELECT category, count(*) AS n, sum(id) AS ids, "
+        f"window_end FROM TUMBLE({sellers}, date_time, INTERVAL '1 hour') "
+        "GROUP BY category, window_end"
+    )
+    nexmark.ingest(runs[-3:])
+    oracle = f"SELECT a.id, a.category, p.city, a.date_time FROM {a} a, {p} p WHERE a.seller = p.id"
+    same(strata, f"SELECT id, category, city, date_time FROM {sellers}", oracle)
+    same(
+        strata,
+        f"SELECT category, n, ids, window_end FROM {counts}",
+        "SELECT category, count(*), sum(id), date_bin('1 hour', date_time, timestamptz "
+        f"'epoch') + interval '1 hour' FROM ({oracle}) j GROUP BY 1, 4",
+    )
+
+
+def test_null_and_duplicate_keys_an_empty_side_and_many_matches(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    left, right, joined = f"left_{n}", f"right_{n}", f"joined_{n}"
+    for name in (left, right):
+        strata.create(
+            f"CREATE STREAM {name} (k text, v integer, t timestamptz) WITH (event_time = 't')"
+        )
+    strata.create(
+        f"CREATE STREAM {joined} AS SELECT l.k, l.v AS lv, r.v AS rv, l.t "
+        f"FROM {left} l JOIN {right} r ON l.k = r.k"
+    )
+    strata.ingest(left, ndjson([{"k": None, "v": 1, "t": at(1)}, {"k": "a", "v": 2, "t": at(2)}]))
+    assert strata.query(f"SELECT count(*) FROM {joined}") == [(0,)]  # the other side is empty
+    # A key with many matches on both sides, NULL keys on both sides.
+    strata.ingest(right, ndjson([{"k": "a", "v": i, "t": at(i)} for i in range(3000)]))
+    strata.ingest(right, ndjson([{"k": None, "v": -1, "t": at(5)}]))
+    strata.ingest(left, ndjson([{"k": "a", "v": 3, "t": at(3)}, {"k": "a", "v": 4, "t": at(4)}]))
+    assert strata.query(f"SELECT count(*) FROM {joined}") == [(9000,)]
+    same(
+        strata,
+        f"SELECT k, lv, rv, t FROM {joined}",
+        f"SELECT l.k, l.v, r.v, l.t FROM {left} l JOIN {right} r ON l.k = r.k",
+    )
+
+
+def test_concurrent_runs_on_both_sides_while_a_reader_checks_every_snapshot(
+    strata: Strata,
+) -> None:
+    """Runs of both sides are posted at once and committed by a pipelined server (a batch
+    of one side is computed while one of the other commits): without the version check, a
+    pair whose rows commit in that window would be missed. A reader compares the join
+    with its batch oracle in one snapshot, over and over, meanwhile."""
+    rng = random.Random(11)
+    strata.create("CREATE STREAM ls (k integer, v integer, t timestamptz) WITH (event_time = 't')")
+    strata.create("CREATE STREAM rs (k integer, w integer, t timestamptz) WITH (event_time = 't')")
+    strata.create("CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k")
+    view = "SELECT k, v, w, t FROM lr"
+    oracle = "SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k"
+    stop = threading.Event()
+    reads: list[bool] = []
+
+    def reader() -> None:
+        with psycopg.connect(strata.database_url, autocommit=True) as connection:
+            while not stop.is_set():
+                with connection.transaction():
+                    connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    got = canonical(connection.execute(view).fetchall())
+                    want = canonical(connection.execute(oracle).fetchall())
+                reads.append(got == want)
+
+    def body(column: str) -> str:
+        rows = [
+            {"k": rng.randrange(8), column: rng.randrange(100), "t": at(rng.uniform(0, 3600))}
+            for _ in range(rng.randrange(1, 6))
+        ]
+        return ndjson(rows)
+
+    checker = threading.Thread(target=reader)
+    checker.start()
+    try:
+        posted = []
+        for i in range(60):
+            stream, column = ("ls", "v") if i % 2 == 0 else ("rs", "w")
+            response = strata.post_run(stream, body(column), wait=False, run_id=f"run-{i}")
+            assert response.status_code == 202, response.text
+            posted.append(response.json()["run_id"])
+        for run_id in posted:
+            strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        checker.join()
+    assert reads and all(reads), f"{reads.count(False)} of {len(reads)} snapshots differed"
+    same(strata, view, oracle)
+    assert strata.query("SELECT count(*) FROM lr")[0][0] > 50
+
+
+def test_refusals_name_the_construct(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    strata.create(
+        f"CREATE STREAM s1_{n} (k text, x double precision, t timestamptz) WITH (event_time = 't')"
+    )
+    strata.create(
+        f"CREATE STREAM s2_{n} (k text, x double precision, t timestamptz) WITH (event_time = 't')"
+    )
+
+    def refused(select: str) -> str:
+        response = strata.client.post(
+            "/streams", json={"sql": f"CREATE STREAM bad_{next(_names)} AS {select}"}
+        )
+        assert response.status_code == 400, response.text
+        return str(response.json()["error"])
+
+    both = f"FROM s1_{n} a {{}} JOIN s2_{n} b ON a.k = b.k"
+    three = f"{both.format('LEFT')} JOIN s1_{n} c ON c.k = a.k"
+    assert "between two streams" in refused(f"SELECT a.k, a.t {three}")
+    strata.create(f"CREATE STREAM outer_{n} AS SELECT a.k, a.t {both.format('LEFT')}")
+    over = refused(
+        f"SELECT k, count(*) AS c, window_start FROM TUMBLE(outer_{n}, t, INTERVAL '1 hour') "
+        "GROUP BY k, window_start"
+    )
+    assert "outer join" in over
+    assert "USING" in refused(f"SELECT a.k, a.t FROM s1_{n} a JOIN s2_{n} b USING (k)")
+    assert "ambiguous" in refused(f"SELECT k, a.t {both.format('')}")
+    assert "event time" in refused(f"SELECT a.k, b.x {both.format('')}")
+    assert "aggregate over it" in refused(f"SELECT a.k, count(*) {both.format('')} GROUP BY a.k")
+    assert "two columns named" in refused(f"SELECT a.k, b.k, a.t {both.format('')}")
+
+
+@pytest.fixture
+def shared() -> Iterator[None]:
+    yield
+
+
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from(["l", "r"]), st.integers(0, 4), st.integers(0, 240)),
+        min_size=1,
+        max_size=40,
+    ),
+    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+    order=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_any_split_and_order_gives_the_batch_join(
+    module_strata: Strata,
+    rows: list[tuple[str, int, int]],
+    cuts: list[int],
+    order: random.Random,
+) -> None:
+    """Hypothesis: rows of two streams, cut into runs, in any order (minutes or hours
+    apart), with a band join and an aggregate over it: equal to the batch queries."""
+    strata = module_strata
+    n = next(_names)
+    left, right, band, agg = f"hl_{n}", f"hr_{n}", f"hband_{n}", f"hagg_{n}"
+    for name in (left, right):
+        strata.create(
+            f"CREATE STREAM {name} (k integer, v integer, t timestamptz) WITH (event_time = 't')"
+        )
+    strata.create(
+        f"CREATE STREAM {band} AS SELECT l.k, l.v AS lv, r.v AS rv, r.t FROM {left} l "
+        f"JOIN {right} r ON l.k = r.k AND r.t BETWEEN l.t - INTERVAL '1 hour' AND l.t"
+    )
+    strata.create(
+        f"CREATE STREAM {agg} AS SELECT k, count(*) AS n, sum(lv) AS s, window_start "
+        f"FROM TUMBLE({band}, t, INTERVAL '1 hour') GROUP BY k, window_start"
+    )
+    runs: list[tuple[str, str]] = []
+    position = 0
+    for size in itertools.cycle(cuts):
+        chunk = rows[position : position + size]
+        if not chunk:
+            break
+        position += size
+        for side in ("l", "r"):
+            mine = [
+                {"k": k, "v": i, "t": at(minute * 60)}
+                for i, (s, k, minute) in enumerate(chunk, position)
+                if s == side
+            ]
+            if mine:
+                runs.append((left if side == "l" else right, ndjson(mine)))
+    order.shuffle(runs)
+    for stream, body in runs:
+        strata.ingest(stream, body)
+    oracle = (
+        f"SELECT l.k, l.v, r.v, r.t FROM {left} l JOIN {right} r ON l.k = r.k "
+        "AND r.t BETWEEN l.t - INTERVAL '1 hour' AND l.t"
+    )
+    same(strata, f"SELECT k, lv, rv, t FROM {band}", oracle)
+    same(
+        strata,
+        f"SELECT k, n, s, window_start FROM {agg}",
+        "SELECT k, count(*), sum(v), date_bin('1 hour', t, timestamptz 'epoch') "
+        f"FROM ({oracle}) j (k, v, rv, t) GROUP BY 1, 4",
+    )
+
+
+@pytest.mark.parametrize("side", ["LEFT", "RIGHT", "FULL"])
+def test_outer_joins_pad_what_nothing_matches_until_a_late_match_arrives(
+    module_strata: Strata, side: str
+) -> None:
+    """An outer join's NULL-padded rows are exact at every instant: a late match replaces
+    the padded row in the same commit that archives the match (a reader compares the join
+    with its batch query in one snapshot after every run)."""
+    strata = module_strata
+    n = next(_names)
+    auction, bid, joined = f"oa_{n}", f"ob_{n}", f"oj_{n}"
+    strata.create(
+        f"CREATE STREAM {auction} (id bigint, category integer, date_time timestamptz, "
+        "expires timestamptz) WITH (event_time = 'date_time')"
+    )
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, price bigint, date_time timestamptz) "
+        "WITH (event_time = 'date_time')"
+    )
+    condition = (
+        "ON b.auction = a.id AND b.date_time BETWEEN a.date_time AND a.expires "
+        "WHERE coalesce(a.category, 0) <> 11"
+    )
+    strata.create(
+        f"CREATE STREAM {joined} AS SELECT a.id, a.category, b.price, "
+        f"coalesce(b.price, 0) AS paid, a.date_time FROM {auction} a {side} JOIN {bid} b "
+        f"{condition}"
+    )
+    oracle = (
+        f"SELECT a.id, a.category, b.price, coalesce(b.price, 0), a.date_time "
+        f"FROM {auction} a {side} JOIN {bid} b {condition}"
+    )
+    view = f"SELECT id, category, price, paid, date_time FROM {joined}"
+    rng = random.Random(3)
+    runs: list[tuple[str, str]] = []
+    for start in range(0, 30, 5):
+        rows = []
+        for key in range(start, start + 5):
+            opened = rng.uniform(0, 3600)
+            rows.append(
+                {
+                    "id": key,
+                    "category": rng.choice([10, 11, None]),
+                    "date_time": at(opened),
+                    "expires": at(opened + 600),
+                }
+            )
+        runs.append((auction, ndjson(rows)))
+    for _ in range(8):
+        rows = [
+            {
+                "auction": rng.randrange(-2, 32),
+                "price": rng.randrange(100),
+                "date_time": at(rng.uniform(0, 4200)),
+            }
+            for _ in range(6)
+        ]
+        runs.append((bid, ndjson(rows)))
+    rng.shuffle(runs)
+    for stream, body in runs:
+        strata.ingest(stream, body)
+        same(strata, view, oracle)
+    both = "id IS NOT NULL AND price IS NOT NULL"  # ids and prices are never NULL
+    padded = strata.query(f"SELECT count(*) FROM {joined} WHERE NOT ({both})")[0][0]
+    matched = strata.query(f"SELECT count(*) FROM {joined} WHERE {both}")[0][0]
+    assert padded > 0 and matched > 0
+
+
+def test_keys_of_different_types_match_as_in_postgresql(module_strata: Strata) -> None:
+    """bigint keys beyond integer's range probe an integer column (and numeric keys an
+    integer one) without an overflow: they simply match nothing."""
+    strata = module_strata
+    n = next(_names)
+    wide, narrow, joined = f"wide_{n}", f"narrow_{n}", f"typed_{n}"
+    strata.create(
+        f"CREATE STREAM {wide} (k bigint, d numeric(6,2), t timestamptz) WITH (event_time = 't')"
+    )
+    strata.create(f"CREATE STREAM {narrow} (k integer, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        f"CREATE STREAM {joined} AS SELECT w.k, w.d, n.t FROM {wide} w JOIN {narrow} n "
+        "ON n.k = w.k OR n.k = w.d"
+    )
+    strata.create(
+        f"CREATE STREAM {joined}_eq AS SELECT w.k, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k"
+    )
+    strata.ingest(narrow, ndjson([{"k": 7, "t": at(1)}, {"k": 2, "t": at(2)}]))
+    strata.ingest(
+        wide,
+        ndjson(
+            [
+                {"k": 2**40, "d": "7.00", "t": at(3)},
+                {"k": 7, "d": "2.50", "t": at(4)},
+                {"k": -(2**35), "d": None, "t": at(5)},
+            ]
+        ),
+    )
+    same(
+        strata,
+        f"SELECT k, d, t FROM {joined}",
+        f"SELECT w.k, w.d, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k OR n.k = w.d",
+    )
+    same(
+        strata,
+        f"SELECT k, t FROM {joined}_eq",
+        f"SELECT w.k, n.t FROM {wide} w JOIN {narrow} n ON n.k = w.k",
+    )
+    assert strata.query(f"SELECT count(*) FROM {joined}_eq") == [(1,)]
