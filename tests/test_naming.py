@@ -30,6 +30,7 @@ from rewriter import (
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine
 from server.engines.backend import SparkBackend
 from server.runtime import assemble
+from server.service import StrataService
 from server.settings import Settings
 from tests.conftest import strata_client
 
@@ -172,6 +173,9 @@ def old_database(
             connection.commit()
         with monkeypatch.context() as old_naming:
             old_naming.setattr(naming, "fit", lambda name: name)
+            # Nor did it grant the reader each view (migration 0010 and its function are
+            # later than this database).
+            old_naming.setattr(StrataService, "_grant_reader", staticmethod(lambda c, n: None))
             settings = Settings(data_dir=tmp_path / "old", database_url=fresh_db, workers=())
             service = assemble(settings, fresh_db, engine, SparkBackend(spark)).service
             for statement in STATEMENTS.values():
