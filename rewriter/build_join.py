@@ -210,7 +210,10 @@ def _input(item: exp.Expr | None, streams: Mapping[str, StreamPlan]) -> _Input:
         raise UnsupportedSQL(f"a join reads raw streams, not {item.sql('postgres')!r}")
     source = streams.get(source_name)
     if source is None:
-        raise UnknownSource(f"stream {source_name!r} does not exist")
+        raise UnknownSource(
+            f"{source_name!r} does not exist: it is neither a stream nor a table or view in "
+            "PostgreSQL"
+        )
     if not isinstance(source, RawStreamPlan):
         raise UnsupportedSQL(
             f"{source_name!r} is a derived stream; joins read raw streams (join them first, "

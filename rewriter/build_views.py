@@ -53,41 +53,47 @@ def _group_columns(split: SplitQuery) -> list[exp.Expr]:
     return [exp.column(name) for name in names]
 
 
-def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
-    """The consolidating view: final aggregates over all partial rows of a window and group.
-
-    HOP windows: each pane's partial rows count in every window that contains the pane
-    (strata_hop_windows in sql/), so overlapping windows share the panes' partials.
-    """
+def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    """The partial rows a view consolidates, one per window (not yet aliased): the partial
+    archive itself for TUMBLE; for HOP, each pane's partial rows once for every window that
+    contains the pane (strata_hop_windows in sql/), so overlapping windows share the panes'
+    partials."""
     source: exp.Expr = table(naming.partial_archive_table(name))
-    if window.is_hop:
-        panes = exp.to_identifier("panes")
-        columns = [c for c, _ in _partial_columns(split) if c != naming.WINDOW_START_COLUMN]
-        windows = exp.func(
-            "strata_hop_windows",
-            exp.column(naming.WINDOW_START_COLUMN, table="p"),
-            exp.Literal.number(window.pane_us),
-            exp.Literal.number(window.slide_us),
-            exp.Literal.number(window.size_us),
+    if not window.is_hop:
+        return source
+    columns = [c for c, _ in _partial_columns(split) if c != naming.WINDOW_START_COLUMN]
+    windows = exp.func(
+        "strata_hop_windows",
+        exp.column(naming.WINDOW_START_COLUMN, table="p"),
+        exp.Literal.number(window.pane_us),
+        exp.Literal.number(window.slide_us),
+        exp.Literal.number(window.size_us),
+    )
+    expanded = (
+        exp.select(
+            exp.column(naming.WINDOW_START_COLUMN, table="w"),
+            *(exp.column(c, table="p") for c in columns),
         )
-        expanded = (
-            exp.select(
-                exp.column(naming.WINDOW_START_COLUMN, table="w"),
-                *(exp.column(c, table="p") for c in columns),
-            )
-            .from_(exp.alias_(source, "p"))
-            .join(
-                exp.Lateral(
-                    this=windows,
-                    alias=exp.TableAlias(
-                        this=exp.to_identifier("w"),
-                        columns=[exp.to_identifier(naming.WINDOW_START_COLUMN)],
-                    ),
+        .from_(exp.alias_(source, "p"))
+        .join(
+            exp.Lateral(
+                this=windows,
+                alias=exp.TableAlias(
+                    this=exp.to_identifier("w"),
+                    columns=[exp.to_identifier(naming.WINDOW_START_COLUMN)],
                 ),
-                join_type="CROSS",
-            )
+            ),
+            join_type="CROSS",
         )
-        source = exp.alias_(expanded.subquery(), panes)
+    )
+    return expanded.subquery()
+
+
+def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
+    """The consolidating view: final aggregates over all partial rows of a window and group."""
+    source = partial_rows(name, split, window)
+    if window.is_hop:
+        source = exp.alias_(source, exp.to_identifier("panes"))
     query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in split.outputs)).from_(source)
     query = query.group_by(*_group_columns(split))
     if split.having is not None:

@@ -20,6 +20,7 @@ class Parallelism(StrEnum):
 
     PARALLEL = "PP"
     SERIAL = "SP"
+    ON_READ = "on read"  # nothing computed per run: the view joins PostgreSQL tables on read
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ class ParallelAggregatePlan(WindowedAggregatePlan):
     reduce_query: str  # PostgreSQL: partial rows -> one partial row per pane and group
     reduce_statement: str  # PostgreSQL DML of the reducer (parameters min_rows, max_groups)
     aggregates: tuple[PlannedAggregate, ...]
+    # PostgreSQL tables the view joins on read (aggregates over a stream-table join): the
+    # partials are kept per window and the stream's join columns, the table joined on read.
+    tables: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -278,12 +282,40 @@ class JoinStreamPlan:
         return tuple(k for k, i in enumerate(self.inputs) if i.source == source)
 
 
+@dataclass(frozen=True)
+class TableJoinStreamPlan:
+    """A stream joined with PostgreSQL tables (and versions of them, FOR SYSTEM_TIME AS OF):
+    a view over the stream's view and the tables, so every read joins the tables' current
+    content, and nothing is computed per run."""
+
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism] = Parallelism.ON_READ
+    parallelism_reason: ClassVar[str] = (
+        "joins PostgreSQL tables on read: results follow the tables' current content"
+    )
+
+    name: str
+    source: str  # the stream joined
+    raw_sources: tuple[str, ...]
+    columns: tuple[OutputColumn, ...]
+    event_time: str | None  # the source's event-time column, if selected
+    tables: tuple[str, ...]
+    create_statements: tuple[str, ...]
+    drop_statements: tuple[str, ...]
+    view_query: str
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return (self.source,)
+
+
 # A stream a window can read rows from: declared columns and an event-time column.
 RowStreamPlan = RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan
 StreamPlan = (
     RawStreamPlan
     | ProjectionStreamPlan
     | JoinStreamPlan
+    | TableJoinStreamPlan
     | ParallelAggregatePlan
     | SerialAggregatePlan
 )

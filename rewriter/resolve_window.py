@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter.errors import UnknownSource, UnsupportedSQL
-from rewriter.plan import StreamPlan, WindowedAggregatePlan
+from rewriter.plan import (
+    ParallelAggregatePlan,
+    RowStreamPlan,
+    StreamPlan,
+    TableJoinStreamPlan,
+    WindowedAggregatePlan,
+)
 from rewriter.positions import located
 
 _UNIT_US = {
@@ -44,7 +50,7 @@ HOP_FORM = "HOP(source_stream, event_time_column, INTERVAL '1 minute', INTERVAL 
 class WindowSpec:
     """The window of a derived stream: TUMBLE (slide == size) or HOP, over a source stream."""
 
-    source: StreamPlan
+    source: RowStreamPlan | WindowedAggregatePlan
     time_column: str
     size_us: int
     slide_us: int
@@ -142,9 +148,10 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
     if len(args) not in (1 + intervals, 2 + intervals) or not isinstance(args[0], exp.Column):
         raise UnsupportedSQL(f"{kind} takes a stream, its time column and intervals: {form}")
     source_name = args[0].name
-    source = streams.get(source_name)
-    if source is None:
+    found = streams.get(source_name)
+    if found is None:
         raise UnknownSource(f"stream {source_name!r} does not exist")
+    source = _windowable(found)
     if len(args) == 2 + intervals:
         if not isinstance(args[1], exp.Column):
             raise UnsupportedSQL(f"the second argument of {kind} names a column: {form}")
@@ -174,7 +181,23 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
     return WindowSpec(source, time_column, size_us, slide_us)
 
 
-def _default_time_column(source: StreamPlan) -> str:
+def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
+    """``source``, unless it joins tables on read: such a stream has no per-run rows or
+    partials of its own that a window could be built from."""
+    if isinstance(source, TableJoinStreamPlan | ParallelAggregatePlan) and source.tables:
+        raise UnsupportedSQL(
+            f"{source.name!r} joins the table {source.tables[0]!r} on read, so that it "
+            "follows the table's changes; streams are not built on it: write the aggregate "
+            "over the stream joined with the table in one statement, e.g. SELECT c.owner, "
+            "sum(i.price) AS revenue, window_end AS t FROM TUMBLE(impsns, t, INTERVAL "
+            "'1 minute') AS i JOIN campaigns c ON c.campaign = i.campaign GROUP BY c.owner, "
+            "window_end"
+        )
+    assert not isinstance(source, TableJoinStreamPlan)
+    return source
+
+
+def _default_time_column(source: RowStreamPlan | WindowedAggregatePlan) -> str:
     if not isinstance(source, WindowedAggregatePlan):
         return source.event_time
     for role in ("window_end", "window_start"):
@@ -187,7 +210,9 @@ def _default_time_column(source: StreamPlan) -> str:
     )
 
 
-def _check_time_column(source: StreamPlan, time_column: str, kind: str) -> None:
+def _check_time_column(
+    source: RowStreamPlan | WindowedAggregatePlan, time_column: str, kind: str
+) -> None:
     if not isinstance(source, WindowedAggregatePlan):
         if time_column != source.event_time:
             raise UnsupportedSQL(

@@ -2,6 +2,7 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
+             -> (joins with PostgreSQL tables) build_lookup
              -> (inner joins of raw streams) build_join
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
@@ -18,6 +19,7 @@ from sqlglot import exp
 
 from rewriter.build_archive import build_archive
 from rewriter.build_join import build_join, is_join
+from rewriter.build_lookup import build_lookup, joins_table
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
@@ -27,12 +29,19 @@ from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_rollup import GatherPoint, split_rollup
+from rewriter.tables import TableSchema
 
 
-def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
-    """Plan a stream. ``streams`` are the existing streams, by name (the plan's sources)."""
+def rewrite(
+    sql: str,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
+) -> StreamPlan:
+    """Plan a stream. ``streams`` are the existing streams, by name (the plan's sources);
+    ``tables`` the PostgreSQL tables the statement names, by the name it uses
+    (rewriter.tables.referenced_names says which names to look up)."""
     try:
-        return _rewrite(sql, streams)
+        return _rewrite(sql, streams, tables or {})
     except RecursionError:
         # sqlglot and the passes walk expressions recursively: a few dozen nested
         # parentheses exhaust Python's stack before anything else is wrong.
@@ -41,11 +50,16 @@ def rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
         ) from None
 
 
-def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
+def _rewrite(
+    sql: str, streams: Mapping[str, StreamPlan], tables: Mapping[str, TableSchema]
+) -> StreamPlan:
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
     select = statement.select
+    if joins_table(select, tables):
+        assert isinstance(select, exp.Select)
+        return build_lookup(statement.name, select, streams, tables)
     if is_join(select):
         assert isinstance(select, exp.Select)
         return build_join(statement.name, select, streams)
@@ -72,7 +86,7 @@ def _rewrite(sql: str, streams: Mapping[str, StreamPlan]) -> StreamPlan:
 
 
 def _refuse_serial_over_join(
-    source: StreamPlan, streams: Mapping[str, StreamPlan], reason: str
+    source: StreamPlan | WindowedAggregatePlan, streams: Mapping[str, StreamPlan], reason: str
 ) -> None:
     """Serial streams learn which closed windows late rows change from the raw rows' event
     times; rows that come through a join get theirs from the join, which that bookkeeping

@@ -6,6 +6,7 @@ change; review the diff like code.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import FrozenInstanceError
@@ -21,6 +22,8 @@ from rewriter import (
     rewrite,
 )
 from rewriter.errors import StrataError
+from rewriter.plan import TableJoinStreamPlan
+from rewriter.tables import TableSchema
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IMPSNS = (
@@ -49,14 +52,18 @@ def _sections(text: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
 
 
-def _render(plan: ParallelAggregatePlan | SerialAggregatePlan) -> dict[str, str]:
+def _render(
+    plan: ParallelAggregatePlan | SerialAggregatePlan | TableJoinStreamPlan,
+) -> dict[str, str]:
     """The sections of a plan, in SECTIONS order: each kind renders the parts it has."""
     parts = {
         "parallelism": f"{plan.parallelism.value}: {plan.parallelism_reason}",
         "view_query": plan.view_query + ";",
         "create_statements": "\n".join(s + ";" for s in plan.create_statements),
     }
-    if isinstance(plan, ParallelAggregatePlan):
+    if isinstance(plan, TableJoinStreamPlan):
+        pass
+    elif isinstance(plan, ParallelAggregatePlan):
         parts |= {
             "partial_query": plan.partial_query + ";",
             "reduce_query": plan.reduce_query + ";",
@@ -73,15 +80,18 @@ def _render(plan: ParallelAggregatePlan | SerialAggregatePlan) -> dict[str, str]
 def test_golden_rewrite(path: Path) -> None:
     sections = _sections(path.read_text())
     streams: dict[str, StreamPlan] = dict(sources())
-    # Optional: the streams the input is built on, one CREATE STREAM per line.
+    # Optional: the streams the input is built on, one CREATE STREAM per line, and the
+    # PostgreSQL tables it joins, one JSON TableSchema per line.
     for statement in sections.get("sources", "").splitlines():
         made = rewrite(statement, streams)
         streams[made.name] = made
-    plan = rewrite(sections["input"], streams)
-    assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan)
+    tables = [TableSchema.from_json(json.loads(t)) for t in sections.get("tables", "").splitlines()]
+    plan = rewrite(sections["input"], streams, {t.name: t for t in tables})
+    assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan | TableJoinStreamPlan)
     rendered = _render(plan)
     if os.environ.get("STRATA_UPDATE_GOLDENS"):
         text = f"-- sources\n{sections['sources']}\n" if "sources" in sections else ""
+        text += f"-- tables\n{sections['tables']}\n" if "tables" in sections else ""
         text += f"-- input\n{sections['input']}\n"
         text += "".join(f"-- {name}\n{text}\n" for name, text in rendered.items())
         path.write_text(text)
