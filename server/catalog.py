@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,16 +17,26 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from psycopg import sql
+from sqlalchemy.dialects import postgresql
 
 from rewriter import StreamPlan, rewrite
-from rewriter.naming import CATALOG_SCHEMA, join_archive_table, partial_archive_table
+from rewriter.errors import InvalidSQL
+from rewriter.naming import (
+    CATALOG_SCHEMA,
+    INTERNAL_SCHEMA,
+    join_archive_table,
+    partial_archive_table,
+)
 from rewriter.plan import (
     JoinStreamPlan,
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
     SerialAggregatePlan,
+    TableJoinStreamPlan,
 )
+from rewriter.tables import TableColumn, TableSchema
 
 # The streams a batch of runs computes something for (partial rows, mapped rows, joined
 # rows), and the serial ones on top.
@@ -47,6 +58,7 @@ streams = sa.Table(
     sa.Column("sql", sa.Text),
     sa.Column("created_seq", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True)),
+    sa.Column("tables", postgresql.JSONB),
 )
 stream_columns = sa.Table(
     "stream_columns",
@@ -284,9 +296,13 @@ class PlanCache:
 
     def load(self, connection: sa.Connection) -> dict[str, StreamRecord]:
         rows = connection.execute(
-            sa.select(streams.c.name, streams.c.kind, streams.c.sql, streams.c.created_at).order_by(
-                streams.c.created_seq
-            )
+            sa.select(
+                streams.c.name,
+                streams.c.kind,
+                streams.c.sql,
+                streams.c.created_at,
+                streams.c.tables,
+            ).order_by(streams.c.created_seq)
         ).all()
         plans: dict[str, StreamPlan] = {}
         records: dict[str, StreamRecord] = {}
@@ -296,11 +312,70 @@ class PlanCache:
                 key = (row.name, row.sql)
                 plan = self._by_sql.get(key)
                 if plan is None:
-                    plan = rewrite(row.sql, plans)
+                    plan = rewrite(row.sql, plans, _tables(row.tables))
                     self._by_sql[key] = plan
                 plans[row.name] = plan
                 records[row.name] = StreamRecord(row.name, row.kind, row.sql, row.created_at, plan)
         return records
+
+
+_TABLE_COLUMNS = sa.text(
+    """
+    SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS pg_type,
+           array_position(k.indkey::int2[], a.attnum) AS key_position
+    FROM pg_attribute a
+    LEFT JOIN pg_index k ON k.indrelid = a.attrelid AND k.indisprimary
+    WHERE a.attrelid = CAST(:relation AS regclass) AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
+    """
+)
+_RELATION = sa.text(
+    """
+    SELECT n.nspname NOT IN (:internal, :catalog) AS usable,
+           has_table_privilege(c.oid, 'SELECT') AS readable
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass(:relation) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+    """
+)
+
+
+def read_tables(
+    connection: sa.Connection, names: list[tuple[str | None, str]], streams: Mapping[str, object]
+) -> dict[str, TableSchema]:
+    """The PostgreSQL tables (and views) among ``names`` that are not streams: their columns
+    and primary keys, by the name the statement uses. Strata's own schemas are not offered."""
+    found: dict[str, TableSchema] = {}
+    for schema, name in names:
+        if schema is None and name in streams:
+            continue
+        relation = sql.Identifier(*([schema] if schema else []), name).as_string()
+        found_relation = connection.execute(
+            _RELATION,
+            {"relation": relation, "internal": INTERNAL_SCHEMA, "catalog": CATALOG_SCHEMA},
+        ).first()
+        if found_relation is None or not found_relation.usable:
+            continue
+        if not found_relation.readable:
+            raise InvalidSQL(
+                f"Strata's PostgreSQL role may not read {relation}: GRANT SELECT ON {relation} "
+                "TO the role in STRATA_DATABASE_URL (strata info shows it)"
+            )
+        rows = connection.execute(_TABLE_COLUMNS, {"relation": relation}).all()
+        keyed = sorted(
+            (r for r in rows if r.key_position is not None), key=lambda r: r.key_position
+        )
+        key = tuple(r.name for r in keyed)
+        shown = f"{schema}.{name}" if schema else name
+        found[shown] = TableSchema(
+            name=shown,
+            columns=tuple(TableColumn(r.name, r.pg_type) for r in rows),
+            key=key,
+        )
+    return found
+
+
+def _tables(stored: list[dict[str, object]] | None) -> dict[str, TableSchema]:
+    return {t.name: t for t in map(TableSchema.from_json, stored or [])}
 
 
 def dependents(records: dict[str, StreamRecord], raw: str) -> list[ComputedPlan]:
@@ -333,6 +408,7 @@ def lineage(
         source = records[chain[0].dependencies[0]].plan
         if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
+        assert not isinstance(source, TableJoinStreamPlan), "no stream is built on it"
         chain.insert(0, source)
         if isinstance(source, ProjectionStreamPlan):
             return chain
@@ -352,8 +428,19 @@ def through_join(
     return isinstance(row_source(records, plan), JoinStreamPlan)
 
 
-def insert_stream(connection: sa.Connection, plan: StreamPlan, sql: str) -> None:
-    connection.execute(sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql))
+def insert_stream(
+    connection: sa.Connection,
+    plan: StreamPlan,
+    sql: str,
+    tables: Mapping[str, TableSchema] | None = None,
+) -> None:
+    """Record a new stream; ``tables`` are the tables it was planned against (those it
+    joins are kept with it)."""
+    joined = plan.tables if isinstance(plan, TableJoinStreamPlan | ParallelAggregatePlan) else ()
+    kept = [tables[t].to_json() for t in joined] if tables and joined else None
+    connection.execute(
+        sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql, tables=kept)
+    )
     if isinstance(plan, RawStreamPlan):
         connection.execute(
             sa.insert(stream_columns),

@@ -18,6 +18,7 @@ from rewriter import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, 
 from rewriter.errors import InvalidSQL
 from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, raw_archive_table
 from rewriter.plan import JoinStreamPlan
+from rewriter.tables import referenced_names
 from server import catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
@@ -95,10 +96,11 @@ class StrataService:
             with self.engine.begin() as connection:
                 _lock_ddl(connection)
                 existing = self.plans.load(connection)
-                plan = rewrite(text, {n: r.plan for n, r in existing.items()})
+                tables = catalog.read_tables(connection, referenced_names(text), existing)
+                plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
                 if plan.name in existing:
                     raise StreamExists(f"stream {plan.name!r} already exists")
-                catalog.insert_stream(connection, plan, text)
+                catalog.insert_stream(connection, plan, text, tables)
                 self._check_name_free(connection, plan.name)
                 for statement in plan.create_statements:
                     _execute_plan_sql(connection, statement)

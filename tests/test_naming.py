@@ -178,8 +178,14 @@ def old_database(
             old_naming.setattr(StrataService, "_grant_reader", staticmethod(lambda c, n: None))
             settings = Settings(data_dir=tmp_path / "old", database_url=fresh_db, workers=())
             service = assemble(settings, fresh_db, engine, SparkBackend(spark)).service
+            # Today's catalog code reads the column migration 0011 adds; it is there only
+            # while the streams are made (they join no table, so it stays NULL).
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb"))
             for statement in STATEMENTS.values():
                 service.create_stream(statement)
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables"))
         yield fresh_db
     finally:
         engine.dispose()

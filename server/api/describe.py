@@ -8,7 +8,13 @@ from rewriter.naming import (
     partial_archive_table,
     raw_archive_table,
 )
-from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, ProjectionStreamPlan, RawStreamPlan
+from rewriter.plan import (
+    JoinStreamPlan,
+    ParallelAggregatePlan,
+    ProjectionStreamPlan,
+    RawStreamPlan,
+    TableJoinStreamPlan,
+)
 from server.catalog import StreamRecord
 
 
@@ -52,6 +58,17 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         }
     if isinstance(plan, JoinStreamPlan):
         return base | _join(plan)
+    if isinstance(plan, TableJoinStreamPlan):
+        return base | {
+            "source": plan.source,
+            "raw_sources": list(plan.raw_sources),
+            "columns": [{"name": c.name, "type": c.pg_type} for c in plan.columns],
+            "event_time": plan.event_time,
+            "parallelism": plan.parallelism.value,
+            "parallelism_reason": plan.parallelism_reason,
+            "join": {"tables": list(plan.tables), "strategy": "joined on read in PostgreSQL"},
+            "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
+        }
     rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}
     if isinstance(plan, ParallelAggregatePlan):
         rewrite |= {
@@ -61,6 +78,8 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "partial_columns": [{"name": n, "type": t} for n, t in plan.partial_columns],
             "reduce_query": plan.reduce_query,
         }
+        if plan.tables:
+            rewrite["tables"] = list(plan.tables)
     return base | {
         "source": plan.source,
         "raw_sources": list(plan.raw_sources),

@@ -208,7 +208,10 @@ def explain(described: dict[str, object]) -> list[str]:
         for branch in rewrite.get("branches") or []:
             lines += _block(f"Branch over {branch['source']} (Spark)", branch["spark_query"])
         join = described.get("join")
-        if isinstance(join, dict):
+        tables = rewrite.get("tables") or (join.get("tables") if isinstance(join, dict) else None)
+        if isinstance(tables, list) and tables:
+            lines.append(f"  Tables joined on read: {', '.join(tables)}")
+        if isinstance(join, dict) and "inputs" in join:
             for given in join["inputs"]:
                 lines.append(
                     f"  Join input {given['alias']}: {given['source']}"
