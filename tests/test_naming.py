@@ -157,6 +157,9 @@ def _planned_relations(plans: dict[str, StreamPlan]) -> set[str]:
     }
 
 
+STREAMS = f"{naming.CATALOG_SCHEMA}.streams"
+
+
 @pytest.fixture
 def old_database(
     fresh_db: str, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -181,11 +184,15 @@ def old_database(
             # Today's catalog code reads the column migration 0011 adds; it is there only
             # while the streams are made (they join no table, so it stays NULL).
             with engine.begin() as connection:
-                connection.execute(sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb"))
+                connection.execute(
+                    sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb")
+                )
             for statement in STATEMENTS.values():
                 service.create_stream(statement)
             with engine.begin() as connection:
-                connection.execute(sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables"))
+                connection.execute(
+                    sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables")
+                )
         yield fresh_db
     finally:
         engine.dispose()

@@ -415,3 +415,76 @@ SELECT owner, spent, window_start FROM by_owner_{n} ORDER BY window_start;
     assert lines == ["bob,3.00,2024-04-28 09:00:00+00", "bob,3.50,2024-05-01 00:00:00+00"], (
         result.stdout
     )
+
+
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 3), st.integers(0, 300)),
+        min_size=1,
+        max_size=30,
+    ),
+    changes=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2) | st.none()), max_size=6),
+    order=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_three_streams_and_a_table(
+    module_strata: Strata,
+    rows: list[tuple[str, int, int]],
+    changes: list[tuple[int, int | None]],
+    order: random.Random,
+) -> None:
+    """Hypothesis: a three-way band join of streams, and an aggregate over it joined with a
+    table; runs of the three streams in random order (hours apart) interleaved with table
+    changes (None deletes): both views equal the batch queries after every step."""
+    strata = module_strata
+    n = next(_names)
+    a, b, c, dim = f"ta_{n}", f"tb_{n}", f"tc_{n}", f"tdim_{n}"
+    joined, agg = f"tj_{n}", f"tagg_{n}"
+    for name in (a, b, c):
+        strata.create(
+            f"CREATE STREAM {name} (k integer, v integer, t timestamptz) WITH (event_time = 't')"
+        )
+    execute(strata, f"CREATE TABLE {dim} (k integer PRIMARY KEY, g integer)")
+    join = (
+        f"FROM {a} x JOIN {b} y ON x.k = y.k JOIN {c} z ON z.k = y.k "
+        "AND z.t BETWEEN x.t - INTERVAL '1 hour' AND x.t + INTERVAL '1 hour'"
+    )
+    strata.create(
+        f"CREATE STREAM {joined} AS SELECT x.k, x.v AS xv, y.v AS yv, z.v AS zv, x.t {join}"
+    )
+    strata.create(
+        f"CREATE STREAM {agg} AS SELECT d.g, count(*) AS n, sum(j.zv) AS s, window_start "
+        f"FROM TUMBLE({joined}, t, INTERVAL '1 hour') j JOIN {dim} d ON d.k = j.k "
+        "GROUP BY d.g, window_start"
+    )
+    streams = {"a": a, "b": b, "c": c}
+    runs = [
+        (streams[s], ndjson([{"k": k, "v": i, "t": at(minute * 60)}]))
+        for i, (s, k, minute) in enumerate(rows)
+    ]
+    order.shuffle(runs)
+    steps: list[tuple[str, str] | tuple[int, int | None]] = [*runs, *changes]
+    order.shuffle(steps)
+    oracle = f"SELECT x.k, x.v, y.v, z.v, x.t {join}"
+    for step in steps:
+        if isinstance(step[0], str):
+            strata.ingest(step[0], str(step[1]))
+        elif step[1] is None:
+            execute(strata, f"DELETE FROM {dim} WHERE k = %s", step[0])
+        else:
+            execute(
+                strata,
+                f"INSERT INTO {dim} VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET g = excluded.g",
+                *step,
+            )
+        same(strata, f"SELECT k, xv, yv, zv, t FROM {joined}", oracle)
+        same(
+            strata,
+            f"SELECT g, n, s, window_start FROM {agg}",
+            f"SELECT d.g, count(*), sum(j.zv), date_bin('1 hour', j.t, timestamptz 'epoch') "
+            f"FROM ({oracle}) j (k, xv, yv, zv, t) JOIN {dim} d ON d.k = j.k GROUP BY 1, 4",
+        )
