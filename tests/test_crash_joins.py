@@ -28,12 +28,29 @@ STREAMS = (
     "CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k",
     "CREATE STREAM lr_hourly AS SELECT k, count(*) AS n, sum(w) AS w, window_start "
     "FROM TUMBLE(lr, t, INTERVAL '1 hour') GROUP BY k, window_start",
+    # Joined with the table dim on read: a raw stream's and a join stream's partials.
+    "CREATE STREAM ls_by_group AS SELECT d.g, count(*) AS n, sum(l.v) AS v, window_start "
+    "FROM TUMBLE(ls, t, INTERVAL '1 hour') l JOIN dim d ON d.k = l.k GROUP BY d.g, window_start",
+    "CREATE STREAM lr_by_group AS SELECT d.g, sum(j.w) AS w, window_end FROM TUMBLE(lr, t, "
+    "INTERVAL '1 hour') j LEFT JOIN dim d ON d.k = j.k GROUP BY d.g, window_end",
+)
+TABLE = (
+    "CREATE TABLE dim (k integer PRIMARY KEY, g integer)",
+    "INSERT INTO dim SELECT k, k % 3 FROM generate_series(0, 14) k",
 )
 ORACLES = {
     "SELECT k, v, w, t FROM lr": "SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k",
     "SELECT k, n, w, window_start FROM lr_hourly": (
         "SELECT l.k, count(*), sum(r.w), date_bin('1 hour', r.t, timestamptz 'epoch') "
         "FROM ls l JOIN rs r ON l.k = r.k GROUP BY 1, 4"
+    ),
+    "SELECT g, n, v, window_start FROM ls_by_group": (
+        "SELECT d.g, count(*), sum(l.v), date_bin('1 hour', l.t, timestamptz 'epoch') "
+        "FROM ls l JOIN dim d ON d.k = l.k GROUP BY 1, 4"
+    ),
+    "SELECT g, w, window_end FROM lr_by_group": (
+        "SELECT d.g, sum(r.w), date_bin('1 hour', r.t, timestamptz 'epoch') + interval '1 hour' "
+        "FROM ls l JOIN rs r ON l.k = r.k LEFT JOIN dim d ON d.k = l.k GROUP BY 1, 3"
     ),
 }
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -76,6 +93,9 @@ def test_kill_while_a_join_batch_commits(tmp_path: Path, target: str) -> None:
     acknowledged: set[str] = set()
     try:
         client = httpx.Client(base_url=server.url, timeout=60)
+        with psycopg.connect(server.database_url, autocommit=True) as connection:
+            for statement in TABLE:
+                connection.execute(statement)  # type: ignore[arg-type]
         for statement in STREAMS:
             client.post("/streams", json={"sql": statement}).raise_for_status()
         for i in range(8):  # history on both sides
