@@ -177,6 +177,11 @@ def join_input_alias(position: int) -> str:
     return f"strata_input_{position}"
 
 
+def join_rows_stream(stream: str) -> str:
+    """The join stream that an aggregate over a join in one statement is built on."""
+    return f"{stream}__rows"
+
+
 def join_view(stream: str) -> str:
     """Spark temporary view of the rows a batch adds to a join stream (input of the
     streams built on it)."""

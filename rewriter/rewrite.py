@@ -3,6 +3,7 @@
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
              -> (joins with PostgreSQL tables) build_lookup
+             -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
@@ -23,11 +24,16 @@ from rewriter.build_lookup import build_lookup, joins_table
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
-from rewriter.errors import UnsupportedSQL
+from rewriter.errors import StrataError, UnknownSource, UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
 from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
+from rewriter.split_join_aggregate import (
+    is_join_aggregate,
+    join_rows_statement,
+    split_join_aggregate,
+)
 from rewriter.split_rollup import GatherPoint, split_rollup
 from rewriter.tables import TableSchema
 
@@ -50,6 +56,20 @@ def rewrite(
         ) from None
 
 
+def join_rows(sql: str, streams: Mapping[str, StreamPlan]) -> tuple[str, str, str] | None:
+    """(the stream's name, the join stream's name, its CREATE STREAM) when ``sql`` is an
+    aggregate over a join in one statement, built on a join stream the server creates
+    first; None for other statements (and for those whose error planning them reports)."""
+    try:
+        statement = parse_stream(sql)
+        if isinstance(statement, RawStreamStatement):
+            return None
+        rows = join_rows_statement(statement.name, statement.select, streams)
+        return None if rows is None else (statement.name, *rows)
+    except (StrataError, RecursionError):
+        return None
+
+
 def _rewrite(
     sql: str, streams: Mapping[str, StreamPlan], tables: Mapping[str, TableSchema]
 ) -> StreamPlan:
@@ -60,12 +80,26 @@ def _rewrite(
     if joins_table(select, tables):
         assert isinstance(select, exp.Select)
         return build_lookup(statement.name, select, streams, tables)
+    if is_join_aggregate(select):
+        assert isinstance(select, exp.Select)
+        split = split_join_aggregate(statement.name, select, streams)
+        if split.rows_stream not in streams:
+            raise UnknownSource(
+                f"the join stream {split.rows_stream!r} that {statement.name!r} aggregates "
+                "over does not exist (the server creates it with the stream)"
+            )
+        return _windowed(statement.name, split.aggregate, streams)
     if is_join(select):
         assert isinstance(select, exp.Select)
         return build_join(statement.name, select, streams)
     if is_projection(select):
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
+    return _windowed(statement.name, select, streams)
+
+
+def _windowed(name: str, select: exp.Select, streams: Mapping[str, StreamPlan]) -> StreamPlan:
+    """A windowed aggregate: parallel (PP) unless it needs a gather point (SP)."""
     window = resolve_window(select, streams)
     if isinstance(window.source, JoinStreamPlan) and window.source.preserved:
         raise UnsupportedSQL(
@@ -81,8 +115,8 @@ def _rewrite(
             split = split_aggregates(select, window)
     except GatherPoint as gather:
         _refuse_serial_over_join(window.source, streams, gather.reason)
-        return build_serial(statement.name, select, window, gather.reason)
-    return build_views(statement.name, split, window)
+        return build_serial(name, select, window, gather.reason)
+    return build_views(name, split, window)
 
 
 def _refuse_serial_over_join(

@@ -14,9 +14,16 @@ import pyarrow as pa
 import sqlalchemy as sa
 from psycopg import sql
 
-from rewriter import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, rewrite
+from rewriter import (
+    ParallelAggregatePlan,
+    RawStreamPlan,
+    SerialAggregatePlan,
+    StreamPlan,
+    join_rows,
+    rewrite,
+)
 from rewriter.errors import InvalidSQL
-from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, raw_archive_table
+from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, join_rows_stream, raw_archive_table
 from rewriter.plan import JoinStreamPlan
 from rewriter.tables import referenced_names
 from server import catalog
@@ -92,26 +99,28 @@ class StrataService:
         return record
 
     def create_stream(self, text: str) -> StreamRecord:
+        name = ""
         try:
             with self.engine.begin() as connection:
                 _lock_ddl(connection)
                 existing = self.plans.load(connection)
-                tables = catalog.read_tables(connection, referenced_names(text), existing)
-                plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
-                if plan.name in existing:
-                    raise StreamExists(f"stream {plan.name!r} already exists")
-                catalog.insert_stream(connection, plan, text, tables)
-                self._check_name_free(connection, plan.name)
-                for statement in plan.create_statements:
-                    _execute_plan_sql(connection, statement)
-                self._grant_reader(connection, plan.name)
-                if isinstance(plan, ParallelAggregatePlan):
-                    self._plan_backfill(connection, existing, plan)
-                if isinstance(plan, JoinStreamPlan):
-                    self._join_history(connection, plan)
+                rows = join_rows(text, {n: r.plan for n, r in existing.items()})
+                if rows is not None:
+                    # An aggregate over a join keeps the join as a stream of its own, made
+                    # first, in the same transaction.
+                    name, name_of_rows, rows_statement = rows
+                    for taken in (name, name_of_rows):
+                        if taken in existing:
+                            raise StreamExists(
+                                f"stream {taken!r} already exists (an aggregate over a join "
+                                f"keeps the join as the stream {name_of_rows!r})"
+                            )
+                    self._create(connection, rows_statement, existing)
+                    existing = self.plans.load(connection)
+                name = self._create(connection, text, existing).name
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
-                raise StreamExists(f"stream {plan.name!r} already exists") from None
+                raise StreamExists(f"stream {name!r} already exists") from None
             raise
         except (sa.exc.DBAPIError, psycopg.Error) as err:
             # PostgreSQL refusing the statement's own SQL is the statement's problem, not
@@ -124,7 +133,25 @@ class StrataService:
                 reason = getattr(diag, "message_primary", None) or str(cause)
                 raise InvalidSQL(f"PostgreSQL refuses this stream: {reason}") from None
             raise
-        return self.stream(plan.name)
+        return self.stream(name)
+
+    def _create(
+        self, connection: sa.Connection, text: str, existing: dict[str, StreamRecord]
+    ) -> StreamPlan:
+        tables = catalog.read_tables(connection, referenced_names(text), existing)
+        plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
+        if plan.name in existing:
+            raise StreamExists(f"stream {plan.name!r} already exists")
+        catalog.insert_stream(connection, plan, text, tables)
+        self._check_name_free(connection, plan.name)
+        for statement in plan.create_statements:
+            _execute_plan_sql(connection, statement)
+        self._grant_reader(connection, plan.name)
+        if isinstance(plan, ParallelAggregatePlan):
+            self._plan_backfill(connection, existing, plan)
+        if isinstance(plan, JoinStreamPlan):
+            self._join_history(connection, plan)
+        return plan
 
     @staticmethod
     def _check_name_free(connection: sa.Connection, name: str) -> None:
@@ -191,6 +218,20 @@ class StrataService:
             for statement in record.plan.drop_statements:
                 _execute_plan_sql(connection, statement)
             catalog.delete_stream(connection, name)
+            # The join an aggregate over a join kept as its own stream goes with it, unless
+            # another stream reads it too.
+            rows = records.get(join_rows_stream(name))
+            readers = [
+                r.name
+                for r in records.values()
+                if not isinstance(r.plan, RawStreamPlan)
+                and rows is not None
+                and rows.name in r.plan.dependencies
+            ]
+            if rows is not None and readers == [name]:
+                for statement in rows.plan.drop_statements:
+                    _execute_plan_sql(connection, statement)
+                catalog.delete_stream(connection, rows.name)
 
     def progress(self, record: StreamRecord) -> dict[str, object]:
         """Watermark and late data of a stream (its raw sources' watermarks, for a derived

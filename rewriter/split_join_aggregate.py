@@ -1,0 +1,218 @@
+"""Pass 3f: aggregates over a join of streams in one statement, split into a join stream
+and an aggregate over it.
+
+``SELECT a.seller, count(*) AS n, window_start FROM TUMBLE(bid, date_time, INTERVAL
+'10 minutes') b JOIN auction a ON a.id = b.auction GROUP BY a.seller, window_start`` is
+the join ``CREATE STREAM <name>__rows AS SELECT b.date_time AS b__date_time, a.seller AS
+a__seller FROM ...`` (every input column the aggregate reads, named alias__column, and the
+windowed input's event time first, so that it is the join's event time) and the aggregate
+over it, ``SELECT a__seller AS seller, count(*) AS n, window_start FROM
+TUMBLE(<name>__rows, b__date_time, INTERVAL '10 minutes') GROUP BY a__seller,
+window_start``. The join stream is an ordinary one (build_join): exact under any lateness,
+its rows archived; the aggregate takes partials per run of the rows each run adds to it.
+The window is the first windowed input's: its window_start and window_end are the
+aggregate's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from rewriter import naming
+from rewriter.derived_select import output_name
+from rewriter.errors import UnsupportedSQL
+from rewriter.plan import RawStreamPlan, StreamPlan
+from rewriter.resolve_window import parse_interval
+
+_WINDOW_COLUMNS = (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN)
+
+
+@dataclass(frozen=True)
+class JoinAggregate:
+    rows_stream: str  # the join stream's name
+    rows_statement: str  # CREATE STREAM of the join stream
+    aggregate: exp.Select  # the aggregate over it
+
+
+def join_rows_statement(
+    name: str, select: exp.Expr, streams: Mapping[str, StreamPlan]
+) -> tuple[str, str] | None:
+    """(name, CREATE STREAM) of the join stream an aggregate over a join in one statement
+    is built on, for the server to create first; None for any other statement."""
+    if not is_join_aggregate(select):
+        return None
+    assert isinstance(select, exp.Select)
+    split = split_join_aggregate(name, select, streams)
+    return split.rows_stream, split.rows_statement
+
+
+def is_join_aggregate(select: exp.Expr) -> bool:
+    return (
+        isinstance(select, exp.Select)
+        and bool(select.args.get("joins"))
+        and bool(select.args.get("group") or select.args.get("having") or select.find(exp.AggFunc))
+    )
+
+
+def split_join_aggregate(
+    name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
+) -> JoinAggregate:
+    rows_stream = naming.join_rows_stream(name)
+    if len(rows_stream) > naming.MAX_STREAM_NAME:
+        raise UnsupportedSQL(
+            f"an aggregate over a join keeps the join as the stream {rows_stream!r}, longer "
+            f"than {naming.MAX_STREAM_NAME} characters: choose a shorter name"
+        )
+    inputs = _inputs(select)
+    windowed = [(a, e.window) for a, e in inputs.items() if e.window is not None]
+    if not windowed:
+        raise UnsupportedSQL(
+            "an aggregate over a join needs a window: read one input as TUMBLE(stream, "
+            "time_column, INTERVAL '...') AS alias and GROUP BY window_start or window_end"
+        )
+    first, call = windowed[0]
+    assert call is not None
+    size = parse_interval(call.expressions[2])
+    if any(c is not None and parse_interval(c.expressions[2]) != size for _, c in windowed):
+        raise UnsupportedSQL("the windowed inputs of an aggregate over a join share one size")
+    time = naming.join_column(first, call.expressions[1].name)
+    columns: dict[str, exp.Column] = {time: exp.column(call.expressions[1].name, table=first)}
+
+    def flatten(node: exp.Expr) -> exp.Expr:
+        copy = node.copy()
+        targets = [copy] if isinstance(copy, exp.Column) else list(copy.find_all(exp.Column))
+        for column in targets:
+            if isinstance(column.this, exp.Star):
+                raise UnsupportedSQL("SELECT * is not supported with GROUP BY; name the columns")
+            if column.name in _WINDOW_COLUMNS:
+                if column.table and column.table != first:
+                    raise UnsupportedSQL(
+                        f"{column.sql('postgres')!r}: an aggregate over a join is windowed by "
+                        f"its first windowed input, {first!r}: use {first}.{column.name}"
+                    )
+                replacement: exp.Expr = exp.column(column.name)
+            else:
+                alias = column.table or _owner(column.name, inputs, streams)
+                if alias not in inputs:
+                    raise UnsupportedSQL(f"{alias!r} is not an input of the join")
+                flat = naming.join_column(alias, column.name)
+                columns.setdefault(flat, exp.column(column.name, table=alias))
+                replacement = exp.column(flat, quoted=True)
+            if column is copy:
+                return replacement
+            column.replace(replacement)
+        return copy
+
+    items = []
+    for item in select.expressions:
+        shown = output_name(item)
+        inner = item.this if isinstance(item, exp.Alias) else item
+        items.append(exp.alias_(flatten(inner), shown, quoted=True))
+    aggregate = exp.select(*items).from_(
+        exp.Table(
+            this=exp.Anonymous(
+                this="TUMBLE",
+                expressions=[
+                    exp.column(rows_stream),
+                    exp.column(time, quoted=True),
+                    call.expressions[2].copy(),
+                ],
+            )
+        )
+    )
+    group = select.args.get("group")
+    if group is not None:
+        aggregate.set(
+            "group",
+            exp.Group(
+                expressions=[
+                    _grouped(g, select, inputs, streams, flatten) for g in group.expressions
+                ]
+            ),
+        )
+    having = select.args.get("having")
+    if having is not None:
+        aggregate.set("having", exp.Having(this=flatten(having.this)))
+    rows = select.copy()
+    rows.set(
+        "expressions",
+        [exp.alias_(source, flat, quoted=True) for flat, source in columns.items()],
+    )
+    for clause in ("group", "having", "distinct"):
+        rows.set(clause, None)
+    statement = f"CREATE STREAM {rows_stream} AS {rows.sql('postgres')}"
+    return JoinAggregate(rows_stream, statement, aggregate)
+
+
+def _grouped(
+    item: exp.Expr,
+    select: exp.Select,
+    inputs: Mapping[str, _Input],
+    streams: Mapping[str, StreamPlan],
+    flatten: Callable[[exp.Expr], exp.Expr],
+) -> exp.Expr:
+    """A GROUP BY item over the join stream. As in PostgreSQL, a name is an input column
+    if an input has it, else a SELECT alias (kept, as the aggregate's SELECT keeps the
+    names); positions stay as written."""
+    if isinstance(item, exp.Literal) and not item.is_string:
+        return item.copy()
+    aliases = {i.alias for i in select.expressions if isinstance(i, exp.Alias)}
+    if (
+        isinstance(item, exp.Column)
+        and not item.table
+        and item.name in aliases
+        and item.name not in _WINDOW_COLUMNS
+        and not any(_has(entry, item.name, streams) for entry in inputs.values())
+    ):
+        return item.copy()
+    return flatten(item)
+
+
+@dataclass(frozen=True)
+class _Input:
+    source: str
+    window: exp.Anonymous | None  # TUMBLE(...) of a windowed input
+
+
+def _inputs(select: exp.Select) -> dict[str, _Input]:
+    from_ = select.args.get("from_")
+    items = [from_.this if from_ is not None else None]
+    items += [j.this for j in select.args.get("joins") or []]
+    inputs: dict[str, _Input] = {}
+    for item in items:
+        if not isinstance(item, exp.Table):
+            continue  # build_join names what is wrong with it
+        call = item.this if isinstance(item.this, exp.Anonymous) else None
+        if call is None:
+            inputs[item.alias or item.name] = _Input(item.name, None)
+            continue
+        if (
+            call.name.upper() != "TUMBLE"
+            or len(call.expressions) != 3
+            or not all(isinstance(a, exp.Column) for a in call.expressions[:2])
+        ):
+            raise UnsupportedSQL(
+                "a windowed input of an aggregate over a join is TUMBLE(stream, time_column, "
+                "INTERVAL '...') AS alias"
+            )
+        inputs[item.alias or call.expressions[0].name] = _Input(call.expressions[0].name, call)
+    return inputs
+
+
+def _owner(column: str, inputs: Mapping[str, _Input], streams: Mapping[str, StreamPlan]) -> str:
+    """The input an unqualified column belongs to."""
+    owners = [alias for alias, entry in inputs.items() if _has(entry, column, streams)]
+    if len(owners) == 1:
+        return owners[0]
+    if owners:
+        choices = " or ".join(f"{a}.{column}" for a in owners)
+        raise UnsupportedSQL(f"column {column!r} is ambiguous in the join; write {choices}")
+    raise UnsupportedSQL(f"column {column!r} does not exist in the joined streams")
+
+
+def _has(entry: _Input, column: str, streams: Mapping[str, StreamPlan]) -> bool:
+    plan = streams.get(entry.source)
+    return isinstance(plan, RawStreamPlan) and column in {c.name for c in plan.columns}
