@@ -19,6 +19,7 @@ from rewriter import (
     RawStreamPlan,
     SerialAggregatePlan,
     StreamPlan,
+    join_rows,
     rewrite,
 )
 from rewriter.errors import StrataError
@@ -146,3 +147,37 @@ def test_integer_division_is_integer_division_in_spark() -> None:
     )
     assert isinstance(plan, ParallelAggregatePlan)
     assert "`user_id` DIV 2" in plan.partial_query
+
+
+def test_an_aggregate_over_a_join_is_a_join_stream_and_an_aggregate_over_it() -> None:
+    streams: dict[str, StreamPlan] = dict(sources())
+    other = rewrite(
+        "CREATE STREAM camp (campaign text, owner text, t timestamptz) WITH (event_time = 't')",
+        streams,
+    )
+    streams[other.name] = other
+    statement = (
+        "CREATE STREAM spend AS SELECT c.owner, sum(i.price) AS revenue, window_end AS t "
+        "FROM TUMBLE(impsns, t, INTERVAL '1 minute') i JOIN camp c ON c.campaign = i.campaign "
+        "GROUP BY c.owner, window_end"
+    )
+    rows = join_rows(statement, streams)
+    assert rows == (
+        "spend",
+        "spend__rows",
+        'CREATE STREAM spend__rows AS SELECT i.t AS "i__t", c.owner AS "c__owner", '
+        "i.price AS \"i__price\" FROM TUMBLE(impsns, t, INTERVAL '1 MINUTE') AS i "
+        "JOIN camp AS c ON c.campaign = i.campaign",
+    )
+    with pytest.raises(StrataError, match="spend__rows"):
+        rewrite(statement, streams)  # the server makes the join stream first
+    joined = rewrite(rows[2], streams)
+    streams[joined.name] = joined
+    plan = rewrite(statement, streams)
+    assert isinstance(plan, ParallelAggregatePlan)
+    assert plan.source == "spend__rows"
+    assert plan.view_query == (
+        'SELECT key_0 AS "owner", CAST(SUM(agg_0_sum) AS DECIMAL) AS "revenue", '
+        'window_start + INTERVAL \'1 minute\' AS "t" FROM "strata_internal"."spend__partial" '
+        "GROUP BY window_start, key_0"
+    )
