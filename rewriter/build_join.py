@@ -85,7 +85,7 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
             raise UnsupportedSQL(f"a join condition must be boolean: {conjunct.sql('postgres')!r}")
     outputs = _outputs(select, qualified, inputs)
     columns = tuple(ColumnSpec(n, infer_type(e, schema)) for n, e in outputs)
-    event_time = _event_time(outputs, inputs)
+    event_time, time_input, time_column = _event_time(outputs, inputs)
     owners = {column: k for k, entry in enumerate(inputs) for column in entry.schema()}
     planned_inputs = tuple(
         JoinInput(
@@ -138,6 +138,8 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
         ),
         view_query=view.sql("postgres"),
         preserved=preserved,
+        event_time_input=time_input,
+        event_time_column=time_column,
     )
 
 
@@ -329,16 +331,18 @@ def _outputs(
     return outputs
 
 
-def _event_time(outputs: list[tuple[str, exp.Expr]], inputs: list[_Input]) -> str:
-    times = set()
-    for entry in inputs:
-        times.add(naming.join_column(entry.alias, entry.source.event_time))
+def _event_time(outputs: list[tuple[str, exp.Expr]], inputs: list[_Input]) -> tuple[str, int, str]:
+    """(output column, input position, the input's column) of the join's event time."""
+    times: dict[str, tuple[int, str]] = {}
+    for position, entry in enumerate(inputs):
+        columns = [entry.source.event_time]
         if entry.window_us is not None:
-            times.add(naming.join_column(entry.alias, naming.WINDOW_START_COLUMN))
-            times.add(naming.join_column(entry.alias, naming.WINDOW_END_COLUMN))
+            columns += [naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN]
+        for column in columns:
+            times[naming.join_column(entry.alias, column)] = (position, column)
     for name, expression in outputs:
         if isinstance(expression, exp.Column) and expression.name in times:
-            return name
+            return (name, *times[expression.name])
     raise UnsupportedSQL(
         "a join stream keeps an event time, so that windows can be built on it: select the "
         "event-time column of one input (e.g. a.t) or the window_start of a windowed input"

@@ -268,6 +268,10 @@ class JoinStreamPlan:
     # The inputs an outer join keeps every row of (empty for an inner join). The archive
     # holds the inner join; the view adds their unmatched rows, padded with NULLs, on read.
     preserved: tuple[int, ...] = ()
+    # Where the event time comes from: the input (by position) and its column (its raw
+    # event-time column, or window_start/window_end of a windowed input).
+    event_time_input: int = 0
+    event_time_column: str = ""
 
     @property
     def raw_sources(self) -> tuple[str, ...]:

@@ -56,13 +56,17 @@ def rewrite(
         ) from None
 
 
-def join_rows(sql: str, streams: Mapping[str, StreamPlan]) -> tuple[str, str, str] | None:
+def join_rows(
+    sql: str,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
+) -> tuple[str, str, str] | None:
     """(the stream's name, the join stream's name, its CREATE STREAM) when ``sql`` is an
     aggregate over a join in one statement, built on a join stream the server creates
     first; None for other statements (and for those whose error planning them reports)."""
     try:
         statement = parse_stream(sql)
-        if isinstance(statement, RawStreamStatement):
+        if isinstance(statement, RawStreamStatement) or joins_table(statement.select, tables or {}):
             return None
         rows = join_rows_statement(statement.name, statement.select, streams)
         return None if rows is None else (statement.name, *rows)
@@ -101,12 +105,9 @@ def _rewrite(
 def _windowed(name: str, select: exp.Select, streams: Mapping[str, StreamPlan]) -> StreamPlan:
     """A windowed aggregate: parallel (PP) unless it needs a gather point (SP)."""
     window = resolve_window(select, streams)
-    if isinstance(window.source, JoinStreamPlan) and window.source.preserved:
-        raise UnsupportedSQL(
-            f"streams over the outer join {window.source.name!r} are not supported yet (a late "
-            "match replaces a NULL-padded row); build them over an inner join"
-        )
     try:
+        if isinstance(window.source, JoinStreamPlan) and window.source.preserved:
+            raise GatherPoint(_over_outer_join(window.source))
         if select.args.get("distinct"):
             raise GatherPoint("SELECT DISTINCT over aggregates needs their final values")
         if isinstance(window.source, WindowedAggregatePlan):
@@ -114,22 +115,21 @@ def _windowed(name: str, select: exp.Select, streams: Mapping[str, StreamPlan]) 
         else:
             split = split_aggregates(select, window)
     except GatherPoint as gather:
-        _refuse_serial_over_join(window.source, streams, gather.reason)
         return build_serial(name, select, window, gather.reason)
     return build_views(name, split, window)
 
 
-def _refuse_serial_over_join(
-    source: StreamPlan | WindowedAggregatePlan, streams: Mapping[str, StreamPlan], reason: str
-) -> None:
-    """Serial streams learn which closed windows late rows change from the raw rows' event
-    times; rows that come through a join get theirs from the join, which that bookkeeping
-    does not follow yet."""
-    while isinstance(source, WindowedAggregatePlan):
-        source = streams[source.source]
-    if isinstance(source, JoinStreamPlan):
+def _over_outer_join(join: JoinStreamPlan) -> str:
+    """Why a stream over an outer join is serial; refused where padded rows would have no
+    event time (it must come from the one input whose unmatched rows are kept)."""
+    position = join.event_time_input
+    if position not in join.preserved or len(join.preserved) > 1:
         raise UnsupportedSQL(
-            f"{reason}: such a stream (a gather point, computed serially) is not supported yet "
-            f"over the join stream {source.name!r}; use decomposable aggregates (count, sum, "
-            "avg, min, max, ...) over it, or a gather point over a raw stream"
+            f"streams over the outer join {join.name!r} window over its event time, which "
+            "must come from the input whose unmatched rows it keeps (LEFT: the left, RIGHT: "
+            "the right; a FULL join pads both, so its padded rows would have no time)"
         )
+    return (
+        f"the outer join {join.name!r} retracts a NULL-padded row when a late match arrives: "
+        "its windows are computed from its rows, archived when closed and repaired"
+    )

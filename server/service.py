@@ -104,7 +104,8 @@ class StrataService:
             with self.engine.begin() as connection:
                 _lock_ddl(connection)
                 existing = self.plans.load(connection)
-                rows = join_rows(text, {n: r.plan for n, r in existing.items()})
+                tables = catalog.read_tables(connection, referenced_names(text), existing)
+                rows = join_rows(text, {n: r.plan for n, r in existing.items()}, tables)
                 if rows is not None:
                     # An aggregate over a join keeps the join as a stream of its own, made
                     # first, in the same transaction.

@@ -28,6 +28,12 @@ STREAMS = (
     "CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k",
     "CREATE STREAM lr_hourly AS SELECT k, count(*) AS n, sum(w) AS w, window_start "
     "FROM TUMBLE(lr, t, INTERVAL '1 hour') GROUP BY k, window_start",
+    # Serial (gather points): MAX over COUNT over the join, an aggregate over a LEFT join.
+    "CREATE STREAM lr_top AS SELECT max(n) AS top, window_start "
+    "FROM TUMBLE(lr_hourly, window_start, INTERVAL '2 hours') GROUP BY window_start",
+    "CREATE STREAM lr_left AS SELECT l.k, r.w, l.t FROM ls l LEFT JOIN rs r ON l.k = r.k",
+    "CREATE STREAM lr_left_hourly AS SELECT count(*) AS n, count(w) AS matched, window_start "
+    "FROM TUMBLE(lr_left, t, INTERVAL '1 hour') GROUP BY window_start",
     # Joined with the table dim on read: a raw stream's and a join stream's partials.
     "CREATE STREAM ls_by_group AS SELECT d.g, count(*) AS n, sum(l.v) AS v, window_start "
     "FROM TUMBLE(ls, t, INTERVAL '1 hour') l JOIN dim d ON d.k = l.k GROUP BY d.g, window_start",
@@ -43,6 +49,15 @@ ORACLES = {
     "SELECT k, n, w, window_start FROM lr_hourly": (
         "SELECT l.k, count(*), sum(r.w), date_bin('1 hour', r.t, timestamptz 'epoch') "
         "FROM ls l JOIN rs r ON l.k = r.k GROUP BY 1, 4"
+    ),
+    "SELECT top, window_start FROM lr_top": (
+        "SELECT max(n), date_bin('2 hours', w, timestamptz 'epoch') FROM (SELECT count(*) AS n, "
+        "date_bin('1 hour', r.t, timestamptz 'epoch') AS w FROM ls l JOIN rs r ON l.k = r.k "
+        "GROUP BY l.k, 2) c GROUP BY 2"
+    ),
+    "SELECT n, matched, window_start FROM lr_left_hourly": (
+        "SELECT count(*), count(r.w), date_bin('1 hour', l.t, timestamptz 'epoch') "
+        "FROM ls l LEFT JOIN rs r ON l.k = r.k GROUP BY 3"
     ),
     "SELECT g, n, v, window_start FROM ls_by_group": (
         "SELECT d.g, count(*), sum(l.v), date_bin('1 hour', l.t, timestamptz 'epoch') "

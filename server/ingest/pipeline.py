@@ -456,6 +456,7 @@ class IngestPipeline:
             ]
             seqs = [r.seq for r in runs]
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
-            record_corrections(connection, records, raw, batch.data)
+            joined = {j.name: batch.partials.get(j.name) for j in joins}
+            record_corrections(connection, records, raw, batch.data, joined)
             faults.reach("in_pg_write", [r.run_id for r in runs])
             return late_rows

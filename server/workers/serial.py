@@ -39,19 +39,20 @@ from rewriter.plan import (
     StreamPlan,
 )
 from server import catalog
-from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage
+from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage, row_source
 from server.ingest.progress import micros, moment
 from server.metrics import Metrics
 from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
 
-def serial_streams(records: dict[str, StreamRecord], raw: str) -> list[SerialAggregatePlan]:
-    """Serial streams whose results the runs of raw stream ``raw`` reach, in creation order."""
+def serial_streams(records: dict[str, StreamRecord], source: str) -> list[SerialAggregatePlan]:
+    """Serial streams whose rows come from the stream ``source`` (a raw stream, or a join
+    stream: the rows it adds), however many streams lie between, in creation order."""
     return [
         r.plan
         for r in records.values()
-        if isinstance(r.plan, SerialAggregatePlan) and raw in r.plan.raw_sources
+        if isinstance(r.plan, SerialAggregatePlan) and row_source(records, r.plan).name == source
     ]
 
 
@@ -74,18 +75,35 @@ def record_corrections(
     records: dict[str, StreamRecord],
     raw: RawStreamPlan,
     data: pa.Table,
+    joined: dict[str, pa.Table | None] | None = None,
 ) -> None:
     """In a run's commit transaction: note the materialized windows of serial streams that
-    the committed rows ``data`` of ``raw`` change."""
-    plans = serial_streams(records, raw.name)
-    if not plans or data.num_rows == 0:
+    the committed rows ``data`` of ``raw`` change, and those that the rows the commit adds
+    to join streams (``joined``, by join) change.
+
+    An outer join's view also changes where a row of its preserved input arrives without
+    a match (a NULL-padded row appears) or a late match arrives (the padded row goes): the
+    first is the preserved row's event time, the second the new pair's, which is the same.
+    """
+    times = {raw.name: _micros(data, raw.event_time)}
+    for name, rows in (joined or {}).items():
+        join = records[name].plan
+        assert isinstance(join, JoinStreamPlan)
+        found = [_micros(rows, join.event_time)] if rows is not None else []
+        for position in join.preserved:
+            given = join.inputs[position]
+            if position == join.event_time_input and given.source == raw.name:
+                found.append(_input_times(join, _micros(data, given.event_time)))
+        times[name] = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    plans = [(p, times[s]) for s, t in times.items() for p in serial_streams(records, s)]
+    if not plans or all(t.size == 0 for _, t in plans):
         return
     progress = catalog.serial_progress
     bounds = {
         row.stream: row.materialized_until
         for row in connection.execute(
             sa.select(progress.c.stream, progress.c.materialized_until)
-            .where(progress.c.stream.in_([p.name for p in plans]))
+            .where(progress.c.stream.in_(sorted({p.name for p, _ in plans})))
             .order_by(progress.c.stream)
             .with_for_update(read=True)
         )
@@ -93,13 +111,12 @@ def record_corrections(
     }
     if not bounds:
         return
-    times = data[raw.event_time].cast(pa.int64()).to_numpy()
     corrections = []
-    for plan in plans:
+    for plan, rows in plans:
         until = bounds.get(plan.name)
-        if until is None:
+        if until is None or rows.size == 0:
             continue
-        starts = window_starts(times, lineage(records, plan))
+        starts = window_starts(rows, lineage(records, plan))
         starts = starts[starts < micros(until)]
         for start, count in zip(*np.unique(starts, return_counts=True), strict=True):
             corrections.append(
@@ -115,6 +132,23 @@ def record_corrections(
             set_={"late_rows": table.c.late_rows + upsert.excluded.late_rows},
         )
     )
+
+
+def _micros(data: pa.Table, column: str) -> np.ndarray:
+    """Event times in µs, rows without one left out (an outer join's padded side)."""
+    values = data[column].drop_null() if data.num_rows else data[column]
+    return values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _input_times(join: JoinStreamPlan, times: np.ndarray) -> np.ndarray:
+    """The join's event times of rows of its event-time input with raw times ``times``."""
+    given = join.inputs[join.event_time_input]
+    if join.event_time_column == given.event_time or given.window_us is None:
+        return times
+    start = times - np.mod(times, given.window_us)
+    if join.event_time_column == naming.WINDOW_START_COLUMN:
+        return start
+    return start + given.window_us
 
 
 def _set(driver: object, name: str, value: str) -> None:
