@@ -4,7 +4,7 @@ A table changes under the stream, and every result must follow its *current* con
 the tables are joined on read, never when a run is computed:
 
 - Without aggregates, the stream is a view over the stream's own view and the tables
-  (TableJoinStreamPlan): nothing is computed per run.
+  (ReadJoinStreamPlan): nothing is computed per run.
 - With aggregates over a window of the stream, the aggregates are pushed below the join.
   Spark keeps partials per run, window and *join columns* (the stream columns the join
   conditions, the filters on table columns and the groups read); the view joins those
@@ -41,8 +41,8 @@ from rewriter.plan import (
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
+    ReadJoinStreamPlan,
     StreamPlan,
-    TableJoinStreamPlan,
 )
 from rewriter.registry import contains_aggregate, is_aggregate
 from rewriter.resolve_window import WindowSpec, interval_text, resolve_window
@@ -59,11 +59,18 @@ _ONE_STATEMENT = (
 )
 
 
-def joins_table(select: exp.Expr, tables: Mapping[str, TableSchema]) -> bool:
-    """A SELECT with joins whose inputs include a PostgreSQL table."""
+def joins_on_read(select: exp.Expr, tables: Mapping[str, TableSchema]) -> bool:
+    """A SELECT with joins that is computed on read: one whose inputs include a PostgreSQL
+    table, or an outer join of three or more streams without aggregates (its padded rows
+    depend on combinations a late row of any input may complete)."""
     if not isinstance(select, exp.Select) or not select.args.get("joins"):
         return False
-    return any(isinstance(item, exp.Table) and table_key(item) in tables for item in _items(select))
+    if any(isinstance(item, exp.Table) and table_key(item) in tables for item in _items(select)):
+        return True
+    joins = select.args["joins"]
+    outer = any(j.args.get("side") for j in joins)
+    aggregated = bool(select.args.get("group") or select.find(exp.AggFunc))
+    return outer and len(joins) > 1 and not aggregated
 
 
 def _items(select: exp.Select) -> list[exp.Expr | None]:
@@ -107,15 +114,15 @@ def build_lookup(
     select: exp.Select,
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema],
-) -> TableJoinStreamPlan | ParallelAggregatePlan:
+) -> ReadJoinStreamPlan | ParallelAggregatePlan:
     check_clauses(select)
     inputs = _inputs(select, streams, tables)
-    stream = _the_stream(inputs)
-    _check_join_kinds(select, stream)
     owners = _Owners(inputs)
     if select.args.get("group") or select.args.get("having") or contains_aggregate(select):
+        stream = _the_stream(inputs)
+        _check_join_kinds(select, stream)
         return _aggregate(name, select, stream, inputs, owners, streams)
-    return _lookup(name, select, stream, inputs, owners)
+    return _on_read(name, select, inputs, owners)
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -336,10 +343,10 @@ def _versioned(
 def _replace_items(
     view: exp.Select,
     inputs: list[_Input],
-    stream_item: exp.Expr,
+    stream_item: Callable[[_Stream], exp.Expr],
     translate: Callable[[exp.Expr], exp.Expr],
 ) -> None:
-    """Put the stream's rows (``stream_item``) and the tables' versions in place of the
+    """Put each stream's rows (``stream_item``) and the tables' versions in place of the
     FROM items of ``view``, and the translated ON conditions."""
     joins = view.args.get("joins") or []
     for entry in inputs:
@@ -353,7 +360,7 @@ def _replace_items(
                 on = translate(on)
                 holder.set("on", on)
         if isinstance(entry, _Stream):
-            holder.set("this", stream_item)
+            holder.set("this", stream_item(entry))
         elif entry.version is not None:
             if entry.position == 0:
                 raise UnsupportedSQL(
@@ -363,18 +370,28 @@ def _replace_items(
             holder.set("this", _versioned(holder.this, entry, on, translate(entry.version)))
 
 
-# ---- a stream of rows joined with tables ----------------------------------------------------
+# ---- a join computed on read --------------------------------------------------------------
 
 
-def _lookup(
-    name: str, select: exp.Select, stream: _Stream, inputs: list[_Input], owners: _Owners
-) -> TableJoinStreamPlan:
-    if stream.windowed:
+def _on_read(
+    name: str, select: exp.Select, inputs: list[_Input], owners: _Owners
+) -> ReadJoinStreamPlan:
+    joined = [e for e in inputs if isinstance(e, _Stream)]
+    if not joined:
+        raise UnsupportedSQL("a stream reads a stream: a join of tables alone is a PostgreSQL view")
+    if any(e.windowed for e in joined):
         raise UnsupportedSQL(
-            "a windowed stream in a join with a table is for aggregates: GROUP BY its "
-            f"window_start or window_end, e.g. {_ONE_STATEMENT}; without aggregates, join "
-            "the stream itself"
+            "a windowed stream in a join computed on read (with a table, or an outer join of "
+            f"three or more streams) is for aggregates over a table, e.g. {_ONE_STATEMENT}; "
+            "otherwise join the streams themselves"
         )
+    for join in select.args.get("joins") or []:
+        kind = (join.args.get("kind") or "").upper()
+        if kind in ("SEMI", "ANTI") or join.args.get("using") or join.args.get("method"):
+            raise UnsupportedSQL(
+                f"{join.sql('postgres')!r} is not supported: write [LEFT|RIGHT|FULL] JOIN ... "
+                "ON with the equality written out"
+            )
 
     def qualify(node: exp.Expr) -> exp.Expr:
         copy = node.copy()
@@ -388,21 +405,26 @@ def _lookup(
     view.set("expressions", [exp.alias_(e, n, quoted=True) for n, e, _ in outputs])
     if view.args.get("where") is not None:
         view.set("where", exp.Where(this=qualify(view.args["where"].this)))
-    source = exp.alias_(table(stream.plan.name, naming.PUBLIC_SCHEMA), stream.alias, table=True)
-    _replace_items(view, inputs, source, qualify)
+
+    def rows(entry: _Stream) -> exp.Expr:
+        return exp.alias_(table(entry.plan.name, naming.PUBLIC_SCHEMA), entry.alias, table=True)
+
+    _replace_items(view, inputs, rows, qualify)
     event_time = next(
         (
             n
             for n, e, owner in outputs
-            if owner is stream and isinstance(e, exp.Column) and e.name == stream.plan.event_time
+            if isinstance(owner, _Stream)
+            and isinstance(e, exp.Column)
+            and e.name == owner.plan.event_time
         ),
         None,
     )
-    return TableJoinStreamPlan(
+    return ReadJoinStreamPlan(
         name=name,
-        source=stream.plan.name,
-        raw_sources=_raw_sources(stream.plan),
-        columns=tuple(_column(n, e, owner, stream) for n, e, owner in outputs),
+        sources=tuple(dict.fromkeys(e.plan.name for e in joined)),
+        raw_sources=tuple(dict.fromkeys(r for e in joined for r in _raw_sources(e.plan))),
+        columns=tuple(_column(n, e, owner, joined) for n, e, owner in outputs),
         event_time=event_time,
         tables=tuple(e.schema.name for e in inputs if isinstance(e, _Table)),
         create_statements=(create_view(name, view),),
@@ -453,13 +475,14 @@ def _outputs(
     return outputs
 
 
-def _column(name: str, expression: exp.Expr, owner: _Input | None, stream: _Stream) -> OutputColumn:
+def _column(
+    name: str, expression: exp.Expr, owner: _Input | None, joined: list[_Stream]
+) -> OutputColumn:
     if owner is not None and isinstance(expression, exp.Column):
         return OutputColumn(name, owner.columns()[expression.name])
-    stream_only = all(
-        c.table == stream.alias for c in expression.find_all(exp.Column)
-    ) and not contains_aggregate(expression)
-    if stream_only:
+    aliases = {c.table for c in expression.find_all(exp.Column)}
+    stream = next((e for e in joined if {e.alias} == aliases), None)
+    if stream is not None and not contains_aggregate(expression):
         schema = {c.name: c.type for c in stream.plan.columns}
         unqualified = expression.copy()
         for column in list(unqualified.find_all(exp.Column)):
@@ -599,7 +622,7 @@ def _aggregate(
     if having is not None:
         view.set("having", exp.Having(this=translate(having.this)))
     rows = exp.alias_(partial_rows(name, split, window), stream.alias, table=True)
-    _replace_items(view, inputs, rows, translate)
+    _replace_items(view, inputs, lambda _: rows, translate)
     plan = build_views(name, split, window)
     archive, index, _ = plan.create_statements
     joined = ", ".join(e.schema.name for e in inputs if isinstance(e, _Table))

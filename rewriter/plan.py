@@ -287,22 +287,23 @@ class JoinStreamPlan:
 
 
 @dataclass(frozen=True)
-class TableJoinStreamPlan:
-    """A stream joined with PostgreSQL tables (and versions of them, FOR SYSTEM_TIME AS OF):
-    a view over the stream's view and the tables, so every read joins the tables' current
-    content, and nothing is computed per run."""
+class ReadJoinStreamPlan:
+    """A join computed on read: a view over the inputs' views (and the PostgreSQL tables it
+    joins, and versions of them, FOR SYSTEM_TIME AS OF), so every read joins the current
+    content, and nothing is computed per run. Stream-table joins, and outer joins of three
+    or more streams, whose padded rows a late row of any input may retract."""
 
     kind: ClassVar[str] = "derived"
     parallelism: ClassVar[Parallelism] = Parallelism.ON_READ
     parallelism_reason: ClassVar[str] = (
-        "joins PostgreSQL tables on read: results follow the tables' current content"
+        "joined on read: results follow the inputs' and tables' current content"
     )
 
     name: str
-    source: str  # the stream joined
+    sources: tuple[str, ...]  # the streams joined
     raw_sources: tuple[str, ...]
     columns: tuple[OutputColumn, ...]
-    event_time: str | None  # the source's event-time column, if selected
+    event_time: str | None  # an input's event-time column, if selected
     tables: tuple[str, ...]
     create_statements: tuple[str, ...]
     drop_statements: tuple[str, ...]
@@ -310,7 +311,7 @@ class TableJoinStreamPlan:
 
     @property
     def dependencies(self) -> tuple[str, ...]:
-        return (self.source,)
+        return self.sources
 
 
 # A stream a window can read rows from: declared columns and an event-time column.
@@ -319,7 +320,7 @@ StreamPlan = (
     RawStreamPlan
     | ProjectionStreamPlan
     | JoinStreamPlan
-    | TableJoinStreamPlan
+    | ReadJoinStreamPlan
     | ParallelAggregatePlan
     | SerialAggregatePlan
 )

@@ -16,9 +16,9 @@ from sqlglot import exp
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     ParallelAggregatePlan,
+    ReadJoinStreamPlan,
     RowStreamPlan,
     StreamPlan,
-    TableJoinStreamPlan,
     WindowedAggregatePlan,
 )
 from rewriter.positions import located
@@ -182,9 +182,9 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
 
 
 def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
-    """``source``, unless it joins tables on read: such a stream has no per-run rows or
-    partials of its own that a window could be built from."""
-    if isinstance(source, TableJoinStreamPlan | ParallelAggregatePlan) and source.tables:
+    """``source``, unless it is joined on read (with tables, or an outer join of three or
+    more streams): such a stream has no per-run rows or partials a window could use."""
+    if isinstance(source, ReadJoinStreamPlan | ParallelAggregatePlan) and source.tables:
         raise UnsupportedSQL(
             f"{source.name!r} joins the table {source.tables[0]!r} on read, so that it "
             "follows the table's changes; streams are not built on it: write the aggregate "
@@ -193,7 +193,12 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
             "'1 minute') AS i JOIN campaigns c ON c.campaign = i.campaign GROUP BY c.owner, "
             "window_end"
         )
-    assert not isinstance(source, TableJoinStreamPlan)
+    if isinstance(source, ReadJoinStreamPlan):
+        raise UnsupportedSQL(
+            f"{source.name!r} is an outer join of three or more streams, computed on read; "
+            "streams are not built on it: build them on outer joins of two streams (a join "
+            "stream of the others first)"
+        )
     return source
 
 

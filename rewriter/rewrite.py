@@ -2,7 +2,7 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
-             -> (joins with PostgreSQL tables) build_lookup
+             -> (joins with tables, outer joins of 3+ streams) build_lookup, on read
              -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
              -> (no window, no aggregates) build_projection
@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from rewriter.build_archive import build_archive
 from rewriter.build_join import build_join, is_join
-from rewriter.build_lookup import build_lookup, joins_table
+from rewriter.build_lookup import build_lookup, joins_on_read
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_views import build_views
@@ -66,7 +66,9 @@ def join_rows(
     first; None for other statements (and for those whose error planning them reports)."""
     try:
         statement = parse_stream(sql)
-        if isinstance(statement, RawStreamStatement) or joins_table(statement.select, tables or {}):
+        if isinstance(statement, RawStreamStatement) or joins_on_read(
+            statement.select, tables or {}
+        ):
             return None
         rows = join_rows_statement(statement.name, statement.select, streams)
         return None if rows is None else (statement.name, *rows)
@@ -81,7 +83,7 @@ def _rewrite(
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
     select = statement.select
-    if joins_table(select, tables):
+    if joins_on_read(select, tables):
         assert isinstance(select, exp.Select)
         return build_lookup(statement.name, select, streams, tables)
     if is_join_aggregate(select):

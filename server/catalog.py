@@ -33,8 +33,8 @@ from rewriter.plan import (
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
+    ReadJoinStreamPlan,
     SerialAggregatePlan,
-    TableJoinStreamPlan,
 )
 from rewriter.tables import TableColumn, TableSchema
 
@@ -408,7 +408,7 @@ def lineage(
         source = records[chain[0].dependencies[0]].plan
         if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
-        assert not isinstance(source, TableJoinStreamPlan), "no stream is built on it"
+        assert not isinstance(source, ReadJoinStreamPlan), "no stream is built on it"
         chain.insert(0, source)
         if isinstance(source, ProjectionStreamPlan):
             return chain
@@ -436,7 +436,7 @@ def insert_stream(
 ) -> None:
     """Record a new stream; ``tables`` are the tables it was planned against (those it
     joins are kept with it)."""
-    joined = plan.tables if isinstance(plan, TableJoinStreamPlan | ParallelAggregatePlan) else ()
+    joined = plan.tables if isinstance(plan, ReadJoinStreamPlan | ParallelAggregatePlan) else ()
     kept = [tables[t].to_json() for t in joined] if tables and joined else None
     connection.execute(
         sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql, tables=kept)

@@ -23,7 +23,7 @@ from rewriter import (
     rewrite,
 )
 from rewriter.errors import StrataError
-from rewriter.plan import TableJoinStreamPlan
+from rewriter.plan import ReadJoinStreamPlan
 from rewriter.tables import TableSchema
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -54,7 +54,7 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def _render(
-    plan: ParallelAggregatePlan | SerialAggregatePlan | TableJoinStreamPlan,
+    plan: ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan,
 ) -> dict[str, str]:
     """The sections of a plan, in SECTIONS order: each kind renders the parts it has."""
     parts = {
@@ -62,7 +62,7 @@ def _render(
         "view_query": plan.view_query + ";",
         "create_statements": "\n".join(s + ";" for s in plan.create_statements),
     }
-    if isinstance(plan, TableJoinStreamPlan):
+    if isinstance(plan, ReadJoinStreamPlan):
         pass
     elif isinstance(plan, ParallelAggregatePlan):
         parts |= {
@@ -88,7 +88,7 @@ def test_golden_rewrite(path: Path) -> None:
         streams[made.name] = made
     tables = [TableSchema.from_json(json.loads(t)) for t in sections.get("tables", "").splitlines()]
     plan = rewrite(sections["input"], streams, {t.name: t for t in tables})
-    assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan | TableJoinStreamPlan)
+    assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan)
     rendered = _render(plan)
     if os.environ.get("STRATA_UPDATE_GOLDENS"):
         text = f"-- sources\n{sections['sources']}\n" if "sources" in sections else ""

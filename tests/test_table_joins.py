@@ -236,10 +236,12 @@ def test_refusals_name_the_construct(module_strata: Strata) -> None:
         f"JOIN {campaigns} c ON c.campaign = i.campaign GROUP BY window_start"
     )
     assert "keeps rows of the stream" in refused(
-        f"SELECT i.t FROM {imp} i RIGHT JOIN {campaigns} c ON c.campaign = i.campaign"
+        f"SELECT count(*) AS n, window_start FROM {window} RIGHT JOIN {campaigns} c "
+        "ON c.campaign = i.campaign GROUP BY window_start"
     )
     assert "FROM stream LEFT JOIN table" in refused(
-        f"SELECT i.t FROM {campaigns} c LEFT JOIN {imp} i ON c.campaign = i.campaign"
+        f"SELECT count(*) AS n, window_start FROM {campaigns} c LEFT JOIN {window} "
+        "ON c.campaign = i.campaign GROUP BY window_start"
     )
     assert "PRIMARY KEY" in refused(
         f"SELECT i.t FROM {imp} i JOIN {plain} FOR SYSTEM_TIME AS OF i.t AS r "

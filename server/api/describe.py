@@ -13,7 +13,7 @@ from rewriter.plan import (
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
-    TableJoinStreamPlan,
+    ReadJoinStreamPlan,
 )
 from server.catalog import StreamRecord
 
@@ -58,9 +58,9 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         }
     if isinstance(plan, JoinStreamPlan):
         return base | _join(plan)
-    if isinstance(plan, TableJoinStreamPlan):
+    if isinstance(plan, ReadJoinStreamPlan):
         return base | {
-            "source": plan.source,
+            "sources": list(plan.sources),
             "raw_sources": list(plan.raw_sources),
             "columns": [{"name": c.name, "type": c.pg_type} for c in plan.columns],
             "event_time": plan.event_time,
