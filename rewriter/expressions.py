@@ -24,7 +24,8 @@ Schema = Mapping[str, SqlType]
 
 SUPPORTED_EXPRESSIONS = (
     "columns, literals, + - * / %, comparisons, AND/OR/NOT, IS [NOT] NULL, "
-    "CASE, COALESCE, CAST to a number type, ||, lower(), upper(), abs(), BETWEEN, "
+    "CASE, COALESCE, CAST to a number type (or to the value's own type), ||, lower(), "
+    "upper(), abs(), BETWEEN, "
     "timestamptz + or - a fixed INTERVAL"
 )
 
@@ -117,6 +118,8 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
     if isinstance(node, exp.Cast):
         inner = infer_type(node.this, schema)
         target = sql_type_from_sqlglot(node.to, column=_position(node))
+        if target == inner:
+            return inner  # an identity cast (b::boolean on a boolean, d::date on a date)
         if not (target.is_number and inner.is_number):
             raise unsupported(node, "CAST is supported between number types only")
         if inner.is_float and target.is_numeric:
@@ -187,6 +190,10 @@ def _decimal_literal(text: str) -> tuple[str, int, int]:
     scale = len(plain.split(".", 1)[1]) if "." in plain else 0
     precision = len(plain.replace("-", "").replace(".", ""))
     return plain, max(precision, scale, 1), scale
+
+
+# Decimal digits holding every value of an integer type.
+_INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
 
 
 def _promote(node: exp.Expr, left: SqlType, right: SqlType) -> SqlType:
@@ -261,6 +268,16 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         inner = infer_type(node.this, schema)
         cast_to = infer_type(node, schema)
         value = copy.this
+        if cast_to == inner:
+            return value
+        if cast_to.is_numeric and cast_to.precision is None:
+            # Unbounded numeric keeps every digit (PostgreSQL's scale): a numeric value
+            # keeps the exact decimal type Spark gives it, an integer becomes a decimal
+            # wide enough for every value of its type.
+            if inner.is_numeric:
+                return value
+            digits = _INTEGER_DIGITS[inner.name]
+            return exp.cast(value, exp.DataType.build(f"decimal({digits},0)", dialect="spark"))
         if cast_to.is_integer and inner.is_float:
             # PostgreSQL rounds to the nearest integer (ties to even, rint()); Spark truncates.
             value = exp.func("rint", value)
