@@ -94,11 +94,30 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
     source = partial_rows(name, split, window)
     if window.is_hop:
         source = exp.alias_(source, exp.to_identifier("panes"))
-    query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in split.outputs)).from_(source)
-    query = query.group_by(*_group_columns(split))
+    outputs = [(n, e) for n, e in split.outputs]
+    if window.is_global and not split.keys:
+        # Without a window and keys the aggregate has one row even over no rows, as in
+        # PostgreSQL, where the counts are 0 (their finals sum no partial rows: NULL).
+        counts = [a.final for a in split.aggregates if a.rule in _COUNTS]
+        outputs = [(n, _zero_counts(e, counts)) for n, e in outputs]
+    query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in outputs)).from_(source)
+    if not (window.is_global and not split.keys):
+        query = query.group_by(*_group_columns(split))
     if split.having is not None:
         query = query.having(split.having)
     return query
+
+
+_COUNTS = ("count(*)", "count", "count(DISTINCT)", "approx_count_distinct")
+
+
+def _zero_counts(expression: exp.Expr, counts: list[exp.Expr]) -> exp.Expr:
+    if any(expression == c for c in counts):
+        return exp.Coalesce(this=expression.copy(), expressions=[exp.Literal.number(0)])
+    copy = expression.copy()
+    for child in list(copy.iter_expressions()):
+        child.replace(_zero_counts(child, counts))
+    return copy
 
 
 def reduce_query(name: str, split: SplitQuery) -> str:

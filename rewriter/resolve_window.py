@@ -43,6 +43,9 @@ _UNIT_US = {
 }
 _PART = re.compile(r"\s*(\d+)\s*([a-z]+)\s*")
 WINDOW_FORM = "TUMBLE(source_stream, event_time_column, INTERVAL '1 minute')"
+# The size of the one window of an aggregate without a window (a sentinel: no row is placed
+# by arithmetic on it).
+GLOBAL_WINDOW_US = 0
 HOP_FORM = "HOP(source_stream, event_time_column, INTERVAL '1 minute', INTERVAL '5 minutes')"
 
 
@@ -60,11 +63,19 @@ class WindowSpec:
         return self.slide_us != self.size_us
 
     @property
+    def is_global(self) -> bool:
+        """No window: the aggregate runs over all rows (running totals), in one window
+        that starts at the epoch (GLOBAL_WINDOW_US)."""
+        return self.size_us == GLOBAL_WINDOW_US
+
+    @property
     def pane_us(self) -> int:
         """Partials are kept per pane; every window is a whole number of panes."""
         return math.gcd(self.size_us, self.slide_us)
 
     def describe(self) -> str:
+        if self.is_global:
+            return f"none: over all rows of {self.source.name}"
         size = interval_text(self.size_us)
         if self.is_hop:
             slide = interval_text(self.slide_us)
@@ -137,6 +148,8 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
     table = from_.this if from_ is not None else None
     call = table.this if isinstance(table, exp.Table) else None
     kind = call.name.upper() if isinstance(call, exp.Anonymous) else None
+    if isinstance(table, exp.Table) and isinstance(call, exp.Identifier):
+        return _over_all_rows(table, streams)
     if kind not in ("TUMBLE", "HOP"):
         raise UnsupportedSQL(f"a derived stream reads FROM {WINDOW_FORM} or {HOP_FORM}")
     assert isinstance(call, exp.Anonymous)
@@ -179,6 +192,21 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
                 "of its windows falls into exactly one"
             )
     return WindowSpec(source, time_column, size_us, slide_us)
+
+
+def _over_all_rows(table: exp.Table, streams: Mapping[str, StreamPlan]) -> WindowSpec:
+    """An aggregate without a window (``FROM stream GROUP BY keys``): running totals over
+    every row of a stream of rows, in one window."""
+    found = streams.get(table.name)
+    if found is None:
+        raise UnknownSource(f"stream {table.name!r} does not exist")
+    source = _windowable(found)
+    if isinstance(source, WindowedAggregatePlan):
+        raise UnsupportedSQL(
+            f"an aggregate over the derived stream {source.name!r} needs a window: "
+            f"FROM TUMBLE({source.name}, window_end, INTERVAL '...')"
+        )
+    return WindowSpec(source, source.event_time, GLOBAL_WINDOW_US, GLOBAL_WINDOW_US)
 
 
 def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:

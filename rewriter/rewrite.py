@@ -117,6 +117,11 @@ def _windowed(name: str, select: exp.Select, streams: Mapping[str, StreamPlan]) 
         else:
             split = split_aggregates(select, window)
     except GatherPoint as gather:
+        if window.is_global:
+            raise UnsupportedSQL(
+                f"{gather.reason}: such a stream (a gather point) needs a window: read FROM "
+                f"TUMBLE({window.source.name}, ..., INTERVAL '...')"
+            ) from None
         return build_serial(name, select, window, gather.reason)
     return build_views(name, split, window)
 

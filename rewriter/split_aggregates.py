@@ -34,7 +34,7 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     assert not isinstance(window.source, WindowedAggregatePlan)
     schema = {c.name: c.type for c in window.source.columns}
     items = select.expressions
-    keys = _group_keys(select, schema)
+    keys = _group_keys(select, schema, windowed=not window.is_global)
     split = _Splitter(keys, schema, window)
     outputs = []
     seen: set[str] = set()
@@ -73,10 +73,12 @@ def split_aggregates(select: exp.Select, window: WindowSpec) -> SplitQuery:
     )
 
 
-def _group_keys(select: exp.Select, schema: dict[str, SqlType]) -> list[GroupKey]:
+def _group_keys(
+    select: exp.Select, schema: dict[str, SqlType], *, windowed: bool = True
+) -> list[GroupKey]:
     keys = []
     with located(select.args.get("group")):
-        for index, expression in enumerate(group_by_keys(select, schema)):
+        for index, expression in enumerate(group_by_keys(select, schema, windowed=windowed)):
             with located(expression):
                 keys.append(
                     GroupKey(

@@ -63,13 +63,24 @@ def _is_window_ref(node: exp.Expr) -> bool:
     )
 
 
-def group_by_keys(select: exp.Select, columns: Collection[str]) -> list[exp.Expr]:
+def group_by_keys(
+    select: exp.Select, columns: Collection[str], *, windowed: bool = True
+) -> list[exp.Expr]:
     """The GROUP BY items other than the window, positions and aliases resolved, each once.
 
     ``columns`` are the source's column names (a source column wins over a SELECT alias,
-    as in PostgreSQL). The window (window_start or window_end) must be among the items.
+    as in PostgreSQL). The window (window_start or window_end) must be among the items,
+    unless the aggregate has no window (``windowed`` False: it may have no GROUP BY).
     """
     group = select.args.get("group")
+    if not windowed:
+        if group is not None and any(_is_window_ref(g) for g in group.expressions):
+            raise UnsupportedSQL(
+                "GROUP BY names a window, but the stream reads no window: read FROM "
+                "TUMBLE(stream, time_column, INTERVAL '...')"
+            )
+        if group is None or not group.expressions:
+            return []
     if group is None or not group.expressions:
         raise UnsupportedSQL(
             "a derived stream is a grouped aggregate: GROUP BY the window "
@@ -98,7 +109,7 @@ def group_by_keys(select: exp.Select, columns: Collection[str]) -> list[exp.Expr
             )
         if expression not in keys:
             keys.append(expression)
-    if not has_window:
+    if not has_window and windowed:
         raise UnsupportedSQL("GROUP BY must include the window: window_start or window_end")
     return keys
 
@@ -108,6 +119,8 @@ def key_or_window(node: exp.Expr, keys: list[GroupKey], window: WindowSpec) -> e
     for key in keys:
         if node == key.expression:
             return exp.column(key.column)
+    if window.is_global:
+        return None
     if isinstance(node, exp.Column) and node.name == naming.WINDOW_START_COLUMN:
         return exp.column(naming.WINDOW_START_COLUMN)
     if isinstance(node, exp.Column) and node.name == naming.WINDOW_END_COLUMN:

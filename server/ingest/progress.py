@@ -72,9 +72,9 @@ def record_progress(
                 behind = timedelta(microseconds=int(watermark - late.min()))
                 max_lateness = behind if max_lateness is None else max(max_lateness, behind)
                 for plan in dependents:
-                    starts, counts = np.unique(
-                        late - np.mod(late, plan.pane_us), return_counts=True
-                    )
+                    # An aggregate without a window has one, at the epoch (pane 0).
+                    placed = late - np.mod(late, plan.pane_us) if plan.pane_us else late * 0
+                    starts, counts = np.unique(placed, return_counts=True)
                     for start, count in zip(starts.tolist(), counts.tolist(), strict=True):
                         windows[(plan.name, start)] += count
                         window_runs[(plan.name, start)] += 1

@@ -1,0 +1,176 @@
+"""Aggregates without a window (running totals: ``SELECT k, count(*) FROM s GROUP BY k``)
+are exact under any lateness: each view equals the same GROUP BY run as a batch over all
+rows received, after every run, whatever the split and order, with the reducer folding
+partial rows meanwhile (real PostgreSQL, real Spark)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.workers.reducer import Reducer
+from tests.conftest import Strata
+
+START = datetime(2024, 5, 1, tzinfo=UTC)
+_names = itertools.count()
+
+
+def ndjson(rows: list[dict[str, object]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def same(strata: Strata, view: str, oracle: str) -> int:
+    with psycopg.connect(strata.database_url) as connection:
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        got = sorted(map(repr, connection.execute(view).fetchall()))
+        want = sorted(map(repr, connection.execute(oracle).fetchall()))
+    assert got == want, f"{view}: view {got[:5]}, batch {want[:5]}"
+    return len(got)
+
+
+QUERIES = {
+    # name: (SELECT list, FROM, WHERE/GROUP BY/HAVING tail) - the stream's and the oracle's
+    "totals": (
+        "campaign, count(*) AS n, sum(price) AS revenue, avg(price) AS mean, min(t) AS first, "
+        "max(price) AS top, count(DISTINCT user_id) AS users",
+        "GROUP BY campaign",
+    ),
+    "busy": ("campaign, count(*) AS n", "WHERE price > 10 GROUP BY campaign HAVING count(*) > 2"),
+    "everything": ("count(*) AS n, sum(price) AS revenue, count(DISTINCT campaign) AS c", ""),
+}
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", None]),
+            st.integers(0, 5),
+            st.integers(0, 4000),
+            st.integers(-3 * 24 * 60, 60),
+        ),
+        max_size=40,
+    ),
+    cuts=st.lists(st.integers(1, 7), min_size=1, max_size=8),
+    order=st.randoms(use_true_random=False),
+    created_after=st.integers(0, 3),
+)
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_running_totals_equal_the_batch_group_by_after_every_run(
+    module_strata: Strata,
+    rows: list[tuple[str | None, int, int, int]],
+    cuts: list[int],
+    order: random.Random,
+    created_after: int,
+) -> None:
+    strata = module_strata
+    n = next(_names)
+    raw = f"ev_{n}"
+    strata.create(
+        f"CREATE STREAM {raw} (campaign text, user_id integer, price numeric(10,2), "
+        "t timestamptz) WITH (event_time = 't')"
+    )
+    runs, position = [], 0
+    for size in itertools.cycle(cuts):
+        chunk = rows[position : position + size]
+        if not chunk:
+            break
+        position += size
+        runs.append(
+            ndjson(
+                [
+                    {
+                        "campaign": c,
+                        "user_id": u,
+                        "price": p / 100,
+                        "t": (START + timedelta(minutes=m)).isoformat(),
+                    }
+                    for c, u, p, m in chunk
+                ]
+            )
+        )
+    order.shuffle(runs)
+    names = {q: f"{q}_{n}" for q in QUERIES}
+    reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=3)
+    for step, body in enumerate([None, *runs]):
+        if body is not None:
+            strata.ingest(raw, body)
+        if step == min(created_after, len(runs)):  # streams made over some history
+            for query, (items, tail) in QUERIES.items():
+                strata.create(f"CREATE STREAM {names[query]} AS SELECT {items} FROM {raw} {tail}")
+        if step >= min(created_after, len(runs)):
+            if step % 2:
+                reducer.run_once()
+            for query, (items, tail) in QUERIES.items():
+                columns = ", ".join(i.split(" AS ")[-1].strip() for i in items.split(", "))
+                columns = columns.replace("count(*)", "count")
+                same(
+                    strata,
+                    f"SELECT {columns} FROM {names[query]}",
+                    f"SELECT {items} FROM {raw} {tail}",
+                )
+
+
+def test_running_totals_over_a_projection_and_a_join_and_refusals(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    left, right = f"l_{n}", f"r_{n}"
+    for name in (left, right):
+        strata.create(
+            f"CREATE STREAM {name} (k integer, v integer, t timestamptz) WITH (event_time = 't')"
+        )
+    strata.create(f"CREATE STREAM big_{n} AS SELECT k, v * 2 AS w, t FROM {left} WHERE v > 3")
+    strata.create(
+        f"CREATE STREAM lr_{n} AS SELECT l.k, r.v, l.t FROM {left} l JOIN {right} r ON l.k = r.k"
+    )
+    strata.create(f"CREATE STREAM per_k_{n} AS SELECT k, sum(w) AS s FROM big_{n} GROUP BY k")
+    strata.create(f"CREATE STREAM pairs_{n} AS SELECT k, count(*) AS n FROM lr_{n} GROUP BY k")
+    rng = random.Random(2)
+    for i in range(8):
+        stream = left if i % 2 else right
+        rows = [
+            {
+                "k": rng.randrange(4),
+                "v": rng.randrange(10),
+                "t": (START + timedelta(hours=rng.randrange(-48, 2))).isoformat(),
+            }
+            for _ in range(6)
+        ]
+        strata.ingest(stream, ndjson(rows))
+        same(
+            strata,
+            f"SELECT k, s FROM per_k_{n}",
+            f"SELECT k, sum(v * 2) FROM {left} WHERE v > 3 GROUP BY k",
+        )
+        same(
+            strata,
+            f"SELECT k, n FROM pairs_{n}",
+            f"SELECT l.k, count(*) FROM {left} l JOIN {right} r ON l.k = r.k GROUP BY l.k",
+        )
+    described = strata.client.get(f"/streams/per_k_{n}").json()
+    assert described["window"].startswith("none")
+
+    def refused(select: str) -> str:
+        response = strata.client.post(
+            "/streams", json={"sql": f"CREATE STREAM bad_{next(_names)} AS {select}"}
+        )
+        assert response.status_code == 400, response.text
+        return str(response.json()["error"])
+
+    assert "reads no window" in refused(
+        f"SELECT k, count(*) AS n FROM {left} GROUP BY k, window_start"
+    )
+    assert "needs a window" in refused(f"SELECT DISTINCT count(*) AS n FROM {left} GROUP BY k")
+    assert "no window column" in refused(
+        f"SELECT sum(s) AS s, window_start FROM TUMBLE(per_k_{n}, INTERVAL '1 hour') "
+        "GROUP BY window_start"
+    )
