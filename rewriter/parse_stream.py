@@ -78,6 +78,7 @@ def parse_stream(sql: str) -> StreamStatement:
         + sql[keyword.end + 1 :]
     )
     text, windows = cut_window_clauses(text, tokens)
+    text = _session_calls(text, tokens)
     statement = _parse(text, sql)
     if not isinstance(statement, exp.Create) or statement.kind != "TABLE":
         raise InvalidSQL(f"expected a CREATE STREAM statement, e.g. {EXAMPLE}")
@@ -95,6 +96,18 @@ def parse_stream(sql: str) -> StreamStatement:
     if statement.expression is not None:
         return _derived(statement, windows)
     return _raw(statement)
+
+
+# sqlglot reads SESSION as a keyword: a SESSION(...) window is parsed as a call of this
+# name, of the same length, so that offsets hold (rewriter/build_session.py).
+SESSION_CALL = "SESSWIN"
+
+
+def _session_calls(text: str, tokens: list[Token]) -> str:
+    for token, following in zip(tokens, tokens[1:], strict=False):
+        if token.text.upper() == "SESSION" and following.token_type == TokenType.L_PAREN:
+            text = text[: token.start] + SESSION_CALL + text[token.end + 1 :]
+    return text
 
 
 _INTERVAL_PART = re.compile(r"\s*-?[0-9]+(?:\.[0-9]+)?\s*[a-zA-Z]+\s*")

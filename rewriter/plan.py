@@ -314,6 +314,34 @@ class ReadJoinStreamPlan:
         return self.sources
 
 
+@dataclass(frozen=True)
+class SessionStreamPlan:
+    """Aggregates over session windows (rewriter/build_session.py): a view that forms the
+    sessions from the source's rows at every read, so a late row that extends or merges
+    sessions is counted at once; nothing is computed per run."""
+
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism] = Parallelism.ON_READ
+    parallelism_reason: ClassVar[str] = (
+        "session windows: a late row can extend or merge sessions, so they are formed from "
+        "the source's rows on read"
+    )
+
+    name: str
+    source: str
+    raw_sources: tuple[str, ...]
+    window: str  # e.g. "SESSION(bid, date_time, INTERVAL '10 seconds')"
+    gap_us: int
+    columns: tuple[OutputColumn, ...]
+    create_statements: tuple[str, ...]
+    drop_statements: tuple[str, ...]
+    view_query: str
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return (self.source,)
+
+
 # A stream a window can read rows from: declared columns and an event-time column.
 RowStreamPlan = RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan
 StreamPlan = (
@@ -321,6 +349,7 @@ StreamPlan = (
     | ProjectionStreamPlan
     | JoinStreamPlan
     | ReadJoinStreamPlan
+    | SessionStreamPlan
     | ParallelAggregatePlan
     | SerialAggregatePlan
 )

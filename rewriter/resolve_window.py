@@ -18,6 +18,7 @@ from rewriter.plan import (
     ParallelAggregatePlan,
     ReadJoinStreamPlan,
     RowStreamPlan,
+    SessionStreamPlan,
     StreamPlan,
     WindowedAggregatePlan,
 )
@@ -220,6 +221,10 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
             "sum(i.price) AS revenue, window_end AS t FROM TUMBLE(impsns, t, INTERVAL "
             "'1 minute') AS i JOIN campaigns c ON c.campaign = i.campaign GROUP BY c.owner, "
             "window_end"
+        )
+    if isinstance(source, SessionStreamPlan):
+        raise UnsupportedSQL(
+            f"{source.name!r} has session windows, formed on read; streams are not built on it"
         )
     if isinstance(source, ReadJoinStreamPlan):
         raise UnsupportedSQL(

@@ -35,6 +35,7 @@ from rewriter.plan import (
     RawStreamPlan,
     ReadJoinStreamPlan,
     SerialAggregatePlan,
+    SessionStreamPlan,
 )
 from rewriter.tables import TableColumn, TableSchema
 
@@ -408,7 +409,9 @@ def lineage(
         source = records[chain[0].dependencies[0]].plan
         if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
-        assert not isinstance(source, ReadJoinStreamPlan), "no stream is built on it"
+        assert not isinstance(source, ReadJoinStreamPlan | SessionStreamPlan), (
+            "no stream is built on it"
+        )
         chain.insert(0, source)
         if isinstance(source, ProjectionStreamPlan):
             return chain

@@ -14,6 +14,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
     RawStreamPlan,
     ReadJoinStreamPlan,
+    SessionStreamPlan,
 )
 from server.catalog import StreamRecord
 
@@ -67,6 +68,16 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "parallelism": plan.parallelism.value,
             "parallelism_reason": plan.parallelism_reason,
             "join": {"tables": list(plan.tables), "strategy": "joined on read in PostgreSQL"},
+            "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
+        }
+    if isinstance(plan, SessionStreamPlan):
+        return base | {
+            "source": plan.source,
+            "raw_sources": list(plan.raw_sources),
+            "window": plan.window,
+            "columns": [{"name": c.name, "type": c.pg_type} for c in plan.columns],
+            "parallelism": plan.parallelism.value,
+            "parallelism_reason": plan.parallelism_reason,
             "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
         }
     rewrite: dict[str, object] = {"view_sql": plan.view_query, "ddl": list(plan.create_statements)}

@@ -1,0 +1,137 @@
+"""Session windows are exact under any lateness: a late row that extends a session or
+merges two is counted at once. The oracle forms the sessions in Python, independently of
+the view's SQL (real PostgreSQL, real Spark ingest)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import Strata
+
+START = datetime(2024, 5, 1, tzinfo=UTC)
+GAP = timedelta(seconds=10)
+_names = itertools.count()
+
+
+def sessions(rows: list[tuple[str | None, int, int]]) -> list[tuple]:
+    """(key, count, sum, start, end) per session: rows of a key less than GAP apart."""
+    result = []
+    for key in {k for k, _, _ in rows}:
+        mine = sorted((s, v) for k, s, v in rows if k == key)
+        current: list[tuple[int, int]] = []
+        for second, value in mine:
+            if current and second - current[-1][0] >= GAP.total_seconds():
+                result.append(_session(key, current))
+                current = []
+            current.append((second, value))
+        if current:
+            result.append(_session(key, current))
+    return sorted(result, key=repr)
+
+
+def _session(key: str | None, rows: list[tuple[int, int]]) -> tuple:
+    first, last = rows[0][0], rows[-1][0]
+    return (
+        key,
+        len(rows),
+        sum(v for _, v in rows),
+        START + timedelta(seconds=first),
+        START + timedelta(seconds=last) + GAP,
+    )
+
+
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 120), st.integers(0, 9)),
+        max_size=40,
+    ),
+    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+    order=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_sessions_equal_the_batch_sessions_after_every_run(
+    module_strata: Strata,
+    rows: list[tuple[str | None, int, int]],
+    cuts: list[int],
+    order: random.Random,
+) -> None:
+    strata = module_strata
+    n = next(_names)
+    raw, view = f"clicks_{n}", f"sessions_{n}"
+    strata.create(f"CREATE STREAM {raw} (k text, v integer, t timestamptz) WITH (event_time = 't')")
+    described = strata.create(
+        f"CREATE STREAM {view} AS SELECT k, count(*) AS n, sum(v) AS s, window_start, "
+        f"window_end FROM SESSION({raw}, t, INTERVAL '10 seconds') GROUP BY k, window_start"
+    )
+    assert described["parallelism"] == "on read"
+    runs, position = [], 0
+    for size in itertools.cycle(cuts):
+        chunk = rows[position : position + size]
+        if not chunk:
+            break
+        position += size
+        runs.append(chunk)
+    order.shuffle(runs)
+    received: list[tuple[str | None, int, int]] = []
+    for chunk in runs:
+        body = "".join(
+            json.dumps({"k": k, "v": v, "t": (START + timedelta(seconds=s)).isoformat()}) + "\n"
+            for k, s, v in chunk
+        )
+        strata.ingest(raw, body)
+        received += chunk
+        with psycopg.connect(strata.database_url) as connection:
+            got = connection.execute(
+                f"SELECT k, n, s, window_start, window_end FROM {view}"
+            ).fetchall()
+        assert sorted(got, key=repr) == sessions(received)
+
+
+def test_session_refusals_and_a_filter(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    raw = f"taps_{n}"
+    strata.create(f"CREATE STREAM {raw} (k text, v integer, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        f"CREATE STREAM big_{n} AS SELECT k, count(*) AS n, window_end FROM SESSION({raw}, t, "
+        "INTERVAL '1 minute') WHERE v > 5 GROUP BY k, window_end HAVING count(*) > 1"
+    )
+    rows = [("a", 0, 9), ("a", 30, 1), ("a", 50, 7), ("a", 200, 8), ("b", 5, 6), ("b", 20, 6)]
+    body = "".join(
+        json.dumps({"k": k, "v": v, "t": (START + timedelta(seconds=s)).isoformat()}) + "\n"
+        for k, s, v in rows
+    )
+    strata.ingest(raw, body)
+    # WHERE filters before sessions form: a's rows at 0 and 50 (v > 5) are one session.
+    got = strata.query(f"SELECT k, n, window_end FROM big_{n} ORDER BY k")
+    assert got == [
+        ("a", 2, START + timedelta(seconds=110)),
+        ("b", 2, START + timedelta(seconds=80)),
+    ]
+
+    def refused(select: str) -> str:
+        response = strata.client.post(
+            "/streams", json={"sql": f"CREATE STREAM bad_{next(_names)} AS {select}"}
+        )
+        assert response.status_code in (400, 404), response.text
+        return str(response.json()["error"])
+
+    assert "event-time column" in refused(
+        f"SELECT k, count(*) AS n, window_start FROM SESSION({raw}, v, INTERVAL '1 minute') "
+        "GROUP BY k, window_start"
+    )
+    assert "not built on it" in refused(
+        f"SELECT count(*) AS n, window_start FROM TUMBLE(big_{n}, window_end, "
+        "INTERVAL '1 hour') GROUP BY window_start"
+    )
