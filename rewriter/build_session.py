@@ -29,10 +29,10 @@ from rewriter.expressions import BOOLEAN, infer_type
 from rewriter.parse_stream import SESSION_CALL
 from rewriter.plan import (
     JoinStreamPlan,
+    OnReadStreamPlan,
     OutputColumn,
     ProjectionStreamPlan,
     RawStreamPlan,
-    SessionStreamPlan,
     StreamPlan,
 )
 from rewriter.registry import contains_aggregate, exact_in_postgres
@@ -56,7 +56,7 @@ def is_session(select: exp.Expr) -> bool:
 
 def build_session(
     name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
-) -> SessionStreamPlan:
+) -> OnReadStreamPlan:
     check_clauses(select)
     if select.args.get("joins"):
         raise UnsupportedSQL(
@@ -111,12 +111,15 @@ def build_session(
     names = [o.name for o in outputs]
     if len(set(names)) != len(names):
         raise UnsupportedSQL("two output columns have the same name; give each its own alias")
-    return SessionStreamPlan(
+    return OnReadStreamPlan(
         name=name,
         source=source.name,
         raw_sources=(source.name,) if isinstance(source, RawStreamPlan) else source.raw_sources,
         window=f"SESSION({source.name}, {time_column}, INTERVAL '{interval_text(gap_us)}')",
-        gap_us=gap_us,
+        parallelism_reason=(
+            "session windows: a late row can extend or merge sessions, so they are formed "
+            "from the source's rows on read"
+        ),
         columns=tuple(outputs),
         create_statements=(create_view(name, view),),
         drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),

@@ -315,23 +315,20 @@ class ReadJoinStreamPlan:
 
 
 @dataclass(frozen=True)
-class SessionStreamPlan:
-    """Aggregates over session windows (rewriter/build_session.py): a view that forms the
-    sessions from the source's rows at every read, so a late row that extends or merges
-    sessions is counted at once; nothing is computed per run."""
+class OnReadStreamPlan:
+    """A stream whose rows a late row can change anywhere (session windows, top-N and
+    dedup): a view that computes the query from its source's view at every read, so it is
+    exact at every instant, and nothing is computed per run. ``parallelism_reason`` says
+    which form it is."""
 
     kind: ClassVar[str] = "derived"
     parallelism: ClassVar[Parallelism] = Parallelism.ON_READ
-    parallelism_reason: ClassVar[str] = (
-        "session windows: a late row can extend or merge sessions, so they are formed from "
-        "the source's rows on read"
-    )
 
     name: str
     source: str
     raw_sources: tuple[str, ...]
-    window: str  # e.g. "SESSION(bid, date_time, INTERVAL '10 seconds')"
-    gap_us: int
+    window: str | None  # e.g. "SESSION(bid, date_time, INTERVAL '10 seconds')"
+    parallelism_reason: str
     columns: tuple[OutputColumn, ...]
     create_statements: tuple[str, ...]
     drop_statements: tuple[str, ...]
@@ -349,7 +346,7 @@ StreamPlan = (
     | ProjectionStreamPlan
     | JoinStreamPlan
     | ReadJoinStreamPlan
-    | SessionStreamPlan
+    | OnReadStreamPlan
     | ParallelAggregatePlan
     | SerialAggregatePlan
 )

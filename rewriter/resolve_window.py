@@ -15,10 +15,10 @@ from sqlglot import exp
 
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
+    OnReadStreamPlan,
     ParallelAggregatePlan,
     ReadJoinStreamPlan,
     RowStreamPlan,
-    SessionStreamPlan,
     StreamPlan,
     WindowedAggregatePlan,
 )
@@ -222,9 +222,10 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
             "'1 minute') AS i JOIN campaigns c ON c.campaign = i.campaign GROUP BY c.owner, "
             "window_end"
         )
-    if isinstance(source, SessionStreamPlan):
+    if isinstance(source, OnReadStreamPlan):
         raise UnsupportedSQL(
-            f"{source.name!r} has session windows, formed on read; streams are not built on it"
+            f"{source.name!r} is computed on read ({source.parallelism_reason}); streams are "
+            "not built on it"
         )
     if isinstance(source, ReadJoinStreamPlan):
         raise UnsupportedSQL(

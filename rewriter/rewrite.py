@@ -5,6 +5,7 @@ parse_stream -> (raw) build_archive
              -> (joins with tables, outer joins of 3+ streams) build_lookup, on read
              -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
+             -> (top-N and dedup, on read) build_top_n
              -> (SESSION windows, on read) build_session
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
@@ -25,6 +26,7 @@ from rewriter.build_lookup import build_lookup, joins_on_read
 from rewriter.build_projection import build_projection, is_projection
 from rewriter.build_serial import build_serial
 from rewriter.build_session import build_session, is_session
+from rewriter.build_top_n import build_top_n, is_top_n
 from rewriter.build_views import build_views
 from rewriter.errors import StrataError, UnknownSource, UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
@@ -100,6 +102,9 @@ def _rewrite(
     if is_join(select):
         assert isinstance(select, exp.Select)
         return build_join(statement.name, select, streams)
+    if is_top_n(select):
+        assert isinstance(select, exp.Select)
+        return build_top_n(statement.name, select, streams)
     if is_session(select):
         assert isinstance(select, exp.Select)
         return build_session(statement.name, select, streams)

@@ -30,12 +30,12 @@ from rewriter.naming import (
 )
 from rewriter.plan import (
     JoinStreamPlan,
+    OnReadStreamPlan,
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
     ReadJoinStreamPlan,
     SerialAggregatePlan,
-    SessionStreamPlan,
 )
 from rewriter.tables import TableColumn, TableSchema
 
@@ -409,7 +409,7 @@ def lineage(
         source = records[chain[0].dependencies[0]].plan
         if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
-        assert not isinstance(source, ReadJoinStreamPlan | SessionStreamPlan), (
+        assert not isinstance(source, ReadJoinStreamPlan | OnReadStreamPlan), (
             "no stream is built on it"
         )
         chain.insert(0, source)

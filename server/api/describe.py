@@ -10,11 +10,11 @@ from rewriter.naming import (
 )
 from rewriter.plan import (
     JoinStreamPlan,
+    OnReadStreamPlan,
     ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
     ReadJoinStreamPlan,
-    SessionStreamPlan,
 )
 from server.catalog import StreamRecord
 
@@ -70,7 +70,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "join": {"tables": list(plan.tables), "strategy": "joined on read in PostgreSQL"},
             "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
         }
-    if isinstance(plan, SessionStreamPlan):
+    if isinstance(plan, OnReadStreamPlan):
         return base | {
             "source": plan.source,
             "raw_sources": list(plan.raw_sources),

@@ -1,0 +1,195 @@
+"""Pass 3h: top-N and dedup, computed on read.
+
+``SELECT ... FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY k [, window_start] ORDER BY
+x DESC) AS rn FROM source) t WHERE rn <= N`` (RANK and DENSE_RANK too; Nexmark q9, q18,
+q19) and ``SELECT ... FROM source [WHERE ...] ORDER BY ... LIMIT N`` (over everything).
+The source is any stream (rows, or an aggregate stream's consolidated rows, as in "the
+window's hottest item" shapes), or ``TUMBLE(stream, time_column, INTERVAL '...')`` of a
+stream of rows, which gives each row its window_start and window_end.
+
+Whether a row is among the first N depends on every other row of its partition, and a late
+row can push one out: the stream is a view that ranks the source's rows at every read, so
+it is exact at every instant whatever the lateness; reading it ranks the source's rows (of
+the partitions a reader's filter keeps, where PostgreSQL pushes it down). Streams are not
+built on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlglot import exp
+
+from rewriter import naming
+from rewriter.ddl import create_view, drop, table
+from rewriter.derived_select import output_name
+from rewriter.errors import UnknownSource, UnsupportedSQL
+from rewriter.plan import (
+    JoinStreamPlan,
+    OnReadStreamPlan,
+    OutputColumn,
+    ProjectionStreamPlan,
+    RawStreamPlan,
+    StreamPlan,
+    WindowedAggregatePlan,
+)
+from rewriter.resolve_window import WINDOW_FORM, interval_text, parse_interval
+
+_RANKS = (exp.RowNumber, exp.Rank, exp.DenseRank)
+TOP_N_FORM = (
+    "SELECT * FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY k ORDER BY x DESC) AS rn "
+    "FROM stream) t WHERE rn <= 3"
+)
+
+
+def is_top_n(select: exp.Expr) -> bool:
+    """A ranking subquery filtered on its rank, or ORDER BY ... LIMIT over a stream."""
+    if not isinstance(select, exp.Select) or select.args.get("joins"):
+        return False
+    from_ = select.args.get("from_")
+    item = from_.this if from_ is not None else None
+    if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select):
+        return item.this.find(exp.Window) is not None
+    return bool(select.args.get("limit")) and not select.args.get("group")
+
+
+def build_top_n(
+    name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
+) -> OnReadStreamPlan:
+    view = select.copy()
+    for clause in ("with_", "qualify", "offset"):
+        if view.args.get(clause):
+            raise UnsupportedSQL(f"{clause.rstrip('_').upper()} is not supported in a top-N stream")
+    inner = view.args["from_"].this
+    ranked = inner.this if isinstance(inner, exp.Subquery) else view
+    if isinstance(inner, exp.Subquery):
+        _check_rank_filter(view, ranked)
+    if ranked.args.get("joins") or ranked.args.get("group"):
+        raise UnsupportedSQL(
+            "a top-N stream ranks the rows of one stream: join or aggregate in a stream of "
+            f"its own first, then rank its rows ({TOP_N_FORM})"
+        )
+    if any(isinstance(s, exp.Subquery) for s in ranked.find_all(exp.Subquery)):
+        raise UnsupportedSQL("subqueries are not supported inside a top-N stream's ranking")
+    source = _source(ranked, streams)
+    columns = [OutputColumn(n, None) for n in _names(view, ranked, source)]
+    window = ranked.args["from_"].this
+    ranked.args["from_"].set("this", _rows(window, source))
+    reason = (
+        "top-N: a late row can push another out of the first N, so the source's rows are "
+        "ranked on read"
+    )
+    return OnReadStreamPlan(
+        name=name,
+        source=source.name,
+        raw_sources=(source.name,) if isinstance(source, RawStreamPlan) else source.raw_sources,
+        window=None,
+        parallelism_reason=reason,
+        columns=tuple(columns),
+        create_statements=(create_view(name, view),),
+        drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
+        view_query=view.sql("postgres"),
+    )
+
+
+def _check_rank_filter(outer: exp.Select, ranked: exp.Select) -> None:
+    ranks = {
+        item.alias
+        for item in ranked.expressions
+        if isinstance(item, exp.Alias)
+        and isinstance(item.this, exp.Window)
+        and isinstance(item.this.this, _RANKS)
+    }
+    where = outer.args.get("where")
+    if (
+        not ranks
+        or where is None
+        or not any(
+            isinstance(c, exp.Column) and c.name in ranks for c in where.find_all(exp.Column)
+        )
+    ):
+        raise UnsupportedSQL(
+            f"window functions are supported as top-N and dedup: {TOP_N_FORM}; give the "
+            "rank a name and filter on it in the outer WHERE"
+        )
+    for window in ranked.find_all(exp.Window):
+        if not isinstance(window.this, _RANKS):
+            raise UnsupportedSQL(
+                f"{window.sql('postgres')!r}: of the window functions, ROW_NUMBER, RANK and "
+                "DENSE_RANK are supported (as top-N and dedup)"
+            )
+
+
+def _source(ranked: exp.Select, streams: Mapping[str, StreamPlan]) -> StreamPlan:
+    item = ranked.args["from_"].this
+    if not isinstance(item, exp.Table):
+        raise UnsupportedSQL(f"a top-N stream ranks a stream's rows: {TOP_N_FORM}")
+    call = item.this
+    name = (
+        call.expressions[0].name
+        if isinstance(call, exp.Anonymous) and call.expressions
+        else item.name
+    )
+    source = streams.get(name)
+    if source is None:
+        raise UnknownSource(f"stream {name!r} does not exist")
+    return source
+
+
+def _rows(item: exp.Expr, source: StreamPlan) -> exp.Expr:
+    """The source's rows under the item's alias; a TUMBLE window adds the window columns."""
+    assert isinstance(item, exp.Table)
+    alias = item.alias or source.name
+    view = table(source.name, naming.PUBLIC_SCHEMA)
+    call = item.this
+    if not isinstance(call, exp.Anonymous):
+        return exp.alias_(view, alias, table=True)
+    args = call.expressions
+    if (
+        call.name.upper() != "TUMBLE"
+        or len(args) != 3
+        or not isinstance(args[1], exp.Column)
+        or not isinstance(source, RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan)
+    ):
+        raise UnsupportedSQL(f"a top-N stream ranks a stream of rows, or its rows in {WINDOW_FORM}")
+    if isinstance(source, WindowedAggregatePlan) or args[1].name != source.event_time:
+        raise UnsupportedSQL(
+            f"TUMBLE windows over the event-time column of {source.name!r}, {source.event_time!r}"
+        )
+    size = parse_interval(args[2])
+    start = exp.func(
+        "strata_window_start", exp.column(source.event_time, quoted=True), exp.Literal.number(size)
+    )
+    end = exp.Add(
+        this=start.copy(), expression=exp.Interval(this=exp.Literal.string(interval_text(size)))
+    )
+    rows = exp.select(
+        exp.Star(),
+        exp.alias_(start, naming.WINDOW_START_COLUMN, quoted=True),
+        exp.alias_(end, naming.WINDOW_END_COLUMN, quoted=True),
+    ).from_(view)
+    return exp.alias_(rows.subquery(), alias)
+
+
+def _names(view: exp.Select, ranked: exp.Select, source: StreamPlan) -> list[str]:
+    """The view's column names, stars expanded (the source's columns, then the ranking's)."""
+    if isinstance(source, WindowedAggregatePlan):
+        own = [o.name for o in source.outputs]
+    else:
+        own = [c.name for c in source.columns]
+    if isinstance(ranked.args["from_"].this.this, exp.Anonymous):
+        own += [naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN]
+
+    def expand(select: exp.Select, star: list[str]) -> list[str]:
+        names: list[str] = []
+        for item in select.expressions:
+            if isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            ):
+                names += star
+            else:
+                names.append(output_name(item))
+        return names
+
+    inner = expand(ranked, own)
+    return inner if view is ranked else expand(view, inner)
