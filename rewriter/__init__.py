@@ -11,7 +11,7 @@ from rewriter.plan import (
     StreamPlan,
     WindowedAggregatePlan,
 )
-from rewriter.rewrite import join_rows, rewrite
+from rewriter.rewrite import companion, rewrite
 
 __all__ = [
     "JoinStreamPlan",
@@ -23,6 +23,6 @@ __all__ = [
     "StrataError",
     "StreamPlan",
     "WindowedAggregatePlan",
-    "join_rows",
+    "companion",
     "rewrite",
 ]

@@ -182,6 +182,11 @@ def join_rows_stream(stream: str) -> str:
     return f"{stream}__rows"
 
 
+def inner_stream(stream: str) -> str:
+    """The stream a query over a subquery in FROM reads: the subquery, planned as a stream."""
+    return f"{stream}__inner"
+
+
 def join_view(stream: str) -> str:
     """Spark temporary view of the rows a batch adds to a join stream (input of the
     streams built on it)."""

@@ -6,6 +6,7 @@ parse_stream -> (raw) build_archive
              -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
              -> (top-N and dedup, on read) build_top_n
+             -> (a subquery in FROM) split_subquery -> a stream of it + the query on read
              -> (SESSION windows, on read) build_session
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
@@ -39,6 +40,7 @@ from rewriter.split_join_aggregate import (
     split_join_aggregate,
 )
 from rewriter.split_rollup import GatherPoint, split_rollup
+from rewriter.split_subquery import build_subquery, inner_statement, is_subquery
 from rewriter.tables import TableSchema
 
 
@@ -60,21 +62,29 @@ def rewrite(
         ) from None
 
 
-def join_rows(
+def companion(
     sql: str,
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema] | None = None,
 ) -> tuple[str, str, str] | None:
-    """(the stream's name, the join stream's name, its CREATE STREAM) when ``sql`` is an
-    aggregate over a join in one statement, built on a join stream the server creates
-    first; None for other statements (and for those whose error planning them reports)."""
+    """(the stream's name, its companion's name, the companion's CREATE STREAM) when
+    ``sql`` is built on a stream the server creates first, in the same transaction: the
+    join of an aggregate over a join in one statement (``<name>__rows``), or a subquery in
+    FROM (``<name>__inner``). None for other statements (and for those whose error
+    planning them reports)."""
     try:
         statement = parse_stream(sql)
         if isinstance(statement, RawStreamStatement) or joins_on_read(
             statement.select, tables or {}
         ):
             return None
-        rows = join_rows_statement(statement.name, statement.select, streams)
+        select = statement.select
+        if is_top_n(select):
+            return None
+        if is_subquery(select):
+            assert isinstance(select, exp.Select)
+            return (statement.name, *inner_statement(statement.name, select))
+        rows = join_rows_statement(statement.name, select, streams)
         return None if rows is None else (statement.name, *rows)
     except (StrataError, RecursionError):
         return None
@@ -105,6 +115,9 @@ def _rewrite(
     if is_top_n(select):
         assert isinstance(select, exp.Select)
         return build_top_n(statement.name, select, streams)
+    if is_subquery(select):
+        assert isinstance(select, exp.Select)
+        return build_subquery(statement.name, select, streams)
     if is_session(select):
         assert isinstance(select, exp.Select)
         return build_session(statement.name, select, streams)

@@ -11,7 +11,8 @@ TUMBLE(<name>__rows, b__date_time, INTERVAL '10 minutes') GROUP BY a__seller,
 window_start``. The join stream is an ordinary one (build_join): exact under any lateness,
 its rows archived; the aggregate takes partials per run of the rows each run adds to it.
 The window is the first windowed input's: its window_start and window_end are the
-aggregate's.
+aggregate's. Without a windowed input, the aggregate is running totals over the join (the
+join stream keeps the first input's event time).
 """
 
 from __future__ import annotations
@@ -68,18 +69,34 @@ def split_join_aggregate(
         )
     inputs = _inputs(select)
     windowed = [(a, e.window) for a, e in inputs.items() if e.window is not None]
-    if not windowed:
-        raise UnsupportedSQL(
-            "an aggregate over a join needs a window: read one input as TUMBLE(stream, "
-            "time_column, INTERVAL '...') AS alias and GROUP BY window_start or window_end"
+    if windowed:
+        first, call = windowed[0]
+        assert call is not None
+        size = parse_interval(call.expressions[2])
+        if any(c is not None and parse_interval(c.expressions[2]) != size for _, c in windowed):
+            raise UnsupportedSQL("the windowed inputs of an aggregate over a join share one size")
+        time_column = call.expressions[1].name
+        source: exp.Expr = exp.Table(
+            this=exp.Anonymous(
+                this="TUMBLE",
+                expressions=[
+                    exp.column(rows_stream),
+                    exp.column(naming.join_column(first, time_column), quoted=True),
+                    call.expressions[2].copy(),
+                ],
+            )
         )
-    first, call = windowed[0]
-    assert call is not None
-    size = parse_interval(call.expressions[2])
-    if any(c is not None and parse_interval(c.expressions[2]) != size for _, c in windowed):
-        raise UnsupportedSQL("the windowed inputs of an aggregate over a join share one size")
-    time = naming.join_column(first, call.expressions[1].name)
-    columns: dict[str, exp.Column] = {time: exp.column(call.expressions[1].name, table=first)}
+    else:
+        # Without a window: running totals over the join (its event time is the first
+        # input's, which a join stream must keep).
+        first = next(iter(inputs))
+        plan = streams.get(inputs[first].source)
+        if not isinstance(plan, RawStreamPlan):
+            raise UnsupportedSQL(f"{inputs[first].source!r} is not a raw stream")
+        time_column = plan.event_time
+        source = exp.table_(rows_stream)
+    time = naming.join_column(first, time_column)
+    columns: dict[str, exp.Column] = {time: exp.column(time_column, table=first)}
 
     def flatten(node: exp.Expr) -> exp.Expr:
         copy = node.copy()
@@ -88,6 +105,11 @@ def split_join_aggregate(
             if isinstance(column.this, exp.Star):
                 raise UnsupportedSQL("SELECT * is not supported with GROUP BY; name the columns")
             if column.name in _WINDOW_COLUMNS:
+                if not windowed:
+                    raise UnsupportedSQL(
+                        f"{column.sql('postgres')!r}: the join reads no window; read one input "
+                        "as TUMBLE(stream, time_column, INTERVAL '...') AS alias"
+                    )
                 if column.table and column.table != first:
                     raise UnsupportedSQL(
                         f"{column.sql('postgres')!r}: an aggregate over a join is windowed by "
@@ -111,18 +133,7 @@ def split_join_aggregate(
         shown = output_name(item)
         inner = item.this if isinstance(item, exp.Alias) else item
         items.append(exp.alias_(flatten(inner), shown, quoted=True))
-    aggregate = exp.select(*items).from_(
-        exp.Table(
-            this=exp.Anonymous(
-                this="TUMBLE",
-                expressions=[
-                    exp.column(rows_stream),
-                    exp.column(time, quoted=True),
-                    call.expressions[2].copy(),
-                ],
-            )
-        )
-    )
+    aggregate = exp.select(*items).from_(source)
     group = select.args.get("group")
     if group is not None:
         aggregate.set(

@@ -19,11 +19,17 @@ from rewriter import (
     RawStreamPlan,
     SerialAggregatePlan,
     StreamPlan,
-    join_rows,
+    companion,
     rewrite,
 )
 from rewriter.errors import InvalidSQL
-from rewriter.naming import PUBLIC_SCHEMA, RUN_COLUMN, join_rows_stream, raw_archive_table
+from rewriter.naming import (
+    PUBLIC_SCHEMA,
+    RUN_COLUMN,
+    inner_stream,
+    join_rows_stream,
+    raw_archive_table,
+)
 from rewriter.plan import JoinStreamPlan
 from rewriter.tables import referenced_names
 from server import catalog
@@ -103,22 +109,7 @@ class StrataService:
         try:
             with self.engine.begin() as connection:
                 _lock_ddl(connection)
-                existing = self.plans.load(connection)
-                tables = catalog.read_tables(connection, referenced_names(text), existing)
-                rows = join_rows(text, {n: r.plan for n, r in existing.items()}, tables)
-                if rows is not None:
-                    # An aggregate over a join keeps the join as a stream of its own, made
-                    # first, in the same transaction.
-                    name, name_of_rows, rows_statement = rows
-                    for taken in (name, name_of_rows):
-                        if taken in existing:
-                            raise StreamExists(
-                                f"stream {taken!r} already exists (an aggregate over a join "
-                                f"keeps the join as the stream {name_of_rows!r})"
-                            )
-                    self._create(connection, rows_statement, existing)
-                    existing = self.plans.load(connection)
-                name = self._create(connection, text, existing).name
+                name = self._create_with_companions(connection, text).name
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {name!r} already exists") from None
@@ -135,6 +126,25 @@ class StrataService:
                 raise InvalidSQL(f"PostgreSQL refuses this stream: {reason}") from None
             raise
         return self.stream(name)
+
+    def _create_with_companions(self, connection: sa.Connection, text: str) -> StreamPlan:
+        """Create the stream of ``text``, after the stream it is built on when that is made
+        with it (the join of an aggregate over a join, a subquery in FROM), recursively,
+        all in the caller's transaction."""
+        existing = self.plans.load(connection)
+        tables = catalog.read_tables(connection, referenced_names(text), existing)
+        made_with = companion(text, {n: r.plan for n, r in existing.items()}, tables)
+        if made_with is not None:
+            name, companion_name, statement = made_with
+            for taken in (name, companion_name):
+                if taken in existing:
+                    raise StreamExists(
+                        f"stream {taken!r} already exists ({name!r} keeps what it is built "
+                        f"on as the stream {companion_name!r})"
+                    )
+            self._create_with_companions(connection, statement)
+            existing = self.plans.load(connection)
+        return self._create(connection, text, existing)
 
     def _create(
         self, connection: sa.Connection, text: str, existing: dict[str, StreamRecord]
@@ -216,23 +226,24 @@ class StrataService:
                 raise StreamInUse(
                     f"stream {name!r} is used by {', '.join(users)}; drop those first"
                 )
-            for statement in record.plan.drop_statements:
-                _execute_plan_sql(connection, statement)
-            catalog.delete_stream(connection, name)
-            # The join an aggregate over a join kept as its own stream goes with it, unless
-            # another stream reads it too.
-            rows = records.get(join_rows_stream(name))
+            self._drop(connection, records, name)
+
+    def _drop(self, connection: sa.Connection, records: dict[str, StreamRecord], name: str) -> None:
+        """Drop ``name``, then the streams made with it (its join ``<name>__rows``, its
+        subquery ``<name>__inner``) that no other stream reads."""
+        for statement in records[name].plan.drop_statements:
+            _execute_plan_sql(connection, statement)
+        catalog.delete_stream(connection, name)
+        for made_with in (join_rows_stream(name), inner_stream(name)):
+            if made_with not in records:
+                continue
             readers = [
                 r.name
                 for r in records.values()
-                if not isinstance(r.plan, RawStreamPlan)
-                and rows is not None
-                and rows.name in r.plan.dependencies
+                if not isinstance(r.plan, RawStreamPlan) and made_with in r.plan.dependencies
             ]
-            if rows is not None and readers == [name]:
-                for statement in rows.plan.drop_statements:
-                    _execute_plan_sql(connection, statement)
-                catalog.delete_stream(connection, rows.name)
+            if readers == [name]:
+                self._drop(connection, records, made_with)
 
     def progress(self, record: StreamRecord) -> dict[str, object]:
         """Watermark and late data of a stream (its raw sources' watermarks, for a derived

@@ -19,7 +19,7 @@ from rewriter import (
     RawStreamPlan,
     SerialAggregatePlan,
     StreamPlan,
-    join_rows,
+    companion,
     rewrite,
 )
 from rewriter.errors import StrataError
@@ -161,7 +161,7 @@ def test_an_aggregate_over_a_join_is_a_join_stream_and_an_aggregate_over_it() ->
         "FROM TUMBLE(impsns, t, INTERVAL '1 minute') i JOIN camp c ON c.campaign = i.campaign "
         "GROUP BY c.owner, window_end"
     )
-    rows = join_rows(statement, streams)
+    rows = companion(statement, streams)
     assert rows == (
         "spend",
         "spend__rows",

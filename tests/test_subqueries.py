@@ -1,0 +1,97 @@
+"""A subquery in FROM is planned as a stream of its own, and the outer query reads it on
+read: Nexmark q4 (the average winning bid per category: an aggregate over an aggregate
+over a join) and a maximum over a windowed count equal the same queries run as a batch
+over the raw views, after every run of shuffled, hours-late runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from tests.conftest import Strata
+
+START = datetime(2024, 5, 1, tzinfo=UTC)
+_names = itertools.count()
+
+
+def at(seconds: float) -> str:
+    return (START + timedelta(seconds=seconds)).isoformat()
+
+
+def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    auction, bid = f"auction_{n}", f"bid_{n}"
+    strata.create(
+        f"CREATE STREAM {auction} (id bigint, category integer, date_time timestamptz, "
+        "expires timestamptz) WITH (event_time = 'date_time')"
+    )
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, "
+        "date_time timestamptz) WITH (event_time = 'date_time')"
+    )
+    inner = (
+        f"SELECT max(b.price) AS final, a.category FROM {auction} a JOIN {bid} b "
+        "ON a.id = b.auction AND b.date_time BETWEEN a.date_time AND a.expires "
+        "GROUP BY a.id, a.category"
+    )
+    q4 = f"SELECT q.category, avg(q.final) AS avg_price FROM ({inner}) q GROUP BY q.category"
+    described = strata.create(f"CREATE STREAM q4_{n} AS {q4}")
+    assert described["source"] == f"q4_{n}__inner"
+    counts = (
+        f"SELECT bidder, count(*) AS bids, window_start FROM TUMBLE({bid}, date_time, "
+        "INTERVAL '1 hour') GROUP BY bidder, window_start"
+    )
+    busiest = f"SELECT max(bids) AS top, window_start FROM ({counts}) c GROUP BY window_start"
+    strata.create(f"CREATE STREAM busiest_{n} AS {busiest}")
+    rng = random.Random(4)
+    runs = []
+    for start in range(0, 30, 5):
+        rows = []
+        for key in range(start, start + 5):
+            opened = rng.uniform(0, 5 * 3600)
+            rows.append(
+                {
+                    "id": key,
+                    "category": rng.randrange(3),
+                    "date_time": at(opened),
+                    "expires": at(opened + 3600),
+                }
+            )
+        runs.append((auction, rows))
+    for _ in range(10):
+        rows = [
+            {
+                "auction": rng.randrange(32),
+                "bidder": rng.randrange(6),
+                "price": rng.randrange(1, 1000),
+                "date_time": at(rng.uniform(0, 6 * 3600)),
+            }
+            for _ in range(10)
+        ]
+        runs.append((bid, rows))
+    rng.shuffle(runs)
+    oracle_busiest = (
+        f"SELECT max(bids), w FROM (SELECT bidder, count(*) AS bids, date_bin('1 hour', "
+        f"date_time, timestamptz 'epoch') AS w FROM {bid} GROUP BY 1, 3) c GROUP BY w"
+    )
+    for stream, rows in runs:
+        strata.ingest(stream, "".join(json.dumps(r) + "\n" for r in rows))
+        with psycopg.connect(strata.database_url) as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for view, oracle in (
+                (f"SELECT category, avg_price FROM q4_{n}", q4),
+                (f"SELECT top, window_start FROM busiest_{n}", oracle_busiest),
+            ):
+                got = sorted(map(repr, connection.execute(view).fetchall()))
+                want = sorted(map(repr, connection.execute(oracle).fetchall()))
+                assert got == want, view
+    assert strata.query(f"SELECT count(*) FROM q4_{n}")[0][0] > 0
+    # The streams made with q4 go with it.
+    assert strata.client.delete(f"/streams/q4_{n}").status_code in (200, 204)
+    for made_with in (f"q4_{n}__inner", f"q4_{n}__inner__rows"):
+        assert strata.client.get(f"/streams/{made_with}").status_code == 404
