@@ -16,8 +16,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests.oracle import canonical
 from tests.test_e2e import Server
-from tests.test_joins import canonical
 
 pytestmark = pytest.mark.e2e
 

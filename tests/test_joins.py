@@ -9,11 +9,9 @@ built on a join, its GROUP BY over that oracle.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -22,8 +20,8 @@ from hypothesis import strategies as st
 
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata
+from tests.oracle import at, canonical, ndjson, same
 
-START = datetime(2024, 5, 1, tzinfo=UTC)
 _names = itertools.count()
 
 PERSON = (
@@ -38,28 +36,6 @@ BID = (
     "CREATE STREAM {b} (auction bigint, bidder bigint, price bigint, date_time timestamptz) "
     "WITH (event_time = 'date_time')"
 )
-
-
-def at(seconds: float) -> str:
-    return (START + timedelta(seconds=seconds)).isoformat()
-
-
-def ndjson(rows: list[dict[str, object]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def canonical(rows: list[tuple]) -> list[tuple]:
-    """Rows as a sorted multiset (None sorts first)."""
-    return sorted(rows, key=lambda r: tuple((v is not None, str(v)) for v in r))
-
-
-def same(strata: Strata, view: str, oracle: str) -> None:
-    """The view equals its oracle, both read in one snapshot."""
-    with psycopg.connect(strata.database_url) as connection:
-        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        got = canonical(connection.execute(view).fetchall())
-        want = canonical(connection.execute(oracle).fetchall())
-    assert got == want, f"view has {len(got)} rows, the batch join {len(want)}"
 
 
 class Nexmark:

@@ -6,32 +6,17 @@ partial rows meanwhile (real PostgreSQL, real Spark)."""
 from __future__ import annotations
 
 import itertools
-import json
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
+from tests.oracle import START, cut, ndjson, same
 
-START = datetime(2024, 5, 1, tzinfo=UTC)
 _names = itertools.count()
-
-
-def ndjson(rows: list[dict[str, object]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def same(strata: Strata, view: str, oracle: str) -> int:
-    with psycopg.connect(strata.database_url) as connection:
-        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        got = sorted(map(repr, connection.execute(view).fetchall()))
-        want = sorted(map(repr, connection.execute(oracle).fetchall()))
-    assert got == want, f"{view}: view {got[:5]}, batch {want[:5]}"
-    return len(got)
 
 
 QUERIES = {
@@ -79,25 +64,20 @@ def test_running_totals_equal_the_batch_group_by_after_every_run(
         f"CREATE STREAM {raw} (campaign text, user_id integer, price numeric(10,2), "
         "t timestamptz) WITH (event_time = 't')"
     )
-    runs, position = [], 0
-    for size in itertools.cycle(cuts):
-        chunk = rows[position : position + size]
-        if not chunk:
-            break
-        position += size
-        runs.append(
-            ndjson(
-                [
-                    {
-                        "campaign": c,
-                        "user_id": u,
-                        "price": p / 100,
-                        "t": (START + timedelta(minutes=m)).isoformat(),
-                    }
-                    for c, u, p, m in chunk
-                ]
-            )
+    runs = [
+        ndjson(
+            [
+                {
+                    "campaign": c,
+                    "user_id": u,
+                    "price": p / 100,
+                    "t": (START + timedelta(minutes=m)).isoformat(),
+                }
+                for c, u, p, m in chunk
+            ]
         )
+        for chunk in cut(rows, cuts)
+    ]
     order.shuffle(runs)
     names = {q: f"{q}_{n}" for q in QUERIES}
     reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=3)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Strata
+from tests.oracle import START, at, cut, ndjson
 
-START = datetime(2024, 5, 1, tzinfo=UTC)
 GAP = timedelta(seconds=10)
 _names = itertools.count()
 
@@ -75,20 +75,11 @@ def test_sessions_equal_the_batch_sessions_after_every_run(
         f"window_end FROM SESSION({raw}, t, INTERVAL '10 seconds') GROUP BY k, window_start"
     )
     assert described["parallelism"] == "on read"
-    runs, position = [], 0
-    for size in itertools.cycle(cuts):
-        chunk = rows[position : position + size]
-        if not chunk:
-            break
-        position += size
-        runs.append(chunk)
+    runs = list(cut(rows, cuts))
     order.shuffle(runs)
     received: list[tuple[str | None, int, int]] = []
     for chunk in runs:
-        body = "".join(
-            json.dumps({"k": k, "v": v, "t": (START + timedelta(seconds=s)).isoformat()}) + "\n"
-            for k, s, v in chunk
-        )
+        body = ndjson([{"k": k, "v": v, "t": at(s)} for k, s, v in chunk])
         strata.ingest(raw, body)
         received += chunk
         with psycopg.connect(strata.database_url) as connection:

@@ -8,18 +8,13 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from tests.conftest import Strata
+from tests.oracle import at
 
-START = datetime(2024, 5, 1, tzinfo=UTC)
 _names = itertools.count()
-
-
-def at(seconds: float) -> str:
-    return (START + timedelta(seconds=seconds)).isoformat()
 
 
 def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> None:

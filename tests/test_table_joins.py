@@ -11,10 +11,9 @@ in the same snapshot as the view.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -23,37 +22,10 @@ from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
+from tests.oracle import START, at, canonical, execute, ndjson, same
 from tests.test_pgwire import psql
 
-START = datetime(2024, 5, 1, tzinfo=UTC)
 _names = itertools.count()
-
-
-def at(seconds: float) -> str:
-    return (START + timedelta(seconds=seconds)).isoformat()
-
-
-def ndjson(rows: list[dict[str, object]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def canonical(rows: list[tuple]) -> list[tuple]:
-    return sorted(rows, key=lambda r: tuple((v is not None, str(v)) for v in r))
-
-
-def execute(strata: Strata, statement: str, *params: object) -> None:
-    with psycopg.connect(strata.database_url, autocommit=True) as connection:
-        connection.execute(statement, params or None)  # type: ignore[arg-type]
-
-
-def same(strata: Strata, view: str, oracle: str) -> int:
-    """The view equals its oracle, both read in one snapshot; the number of rows."""
-    with psycopg.connect(strata.database_url) as connection:
-        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        got = canonical(connection.execute(view).fetchall())
-        want = canonical(connection.execute(oracle).fetchall())
-    assert got == want, f"view has {len(got)} rows, the batch query {len(want)}"
-    return len(got)
 
 
 class Shop:
