@@ -18,7 +18,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
-from rewriter.functions import FUNCTIONS, Call, Refused, arguments
+from rewriter.functions import FUNCTIONS, UNSUPPORTED_HINTS, Call, Refused, arguments
 from rewriter.types import SqlType, promote, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
@@ -31,6 +31,7 @@ SUPPORTED_EXPRESSIONS = (
     "power(), mod(), greatest(), least(), nullif(), length(), replace(), strpos(), position(), "
     "left(), right(), substring(), split_part(), trim()/btrim()/ltrim()/rtrim(), concat(), "
     "reverse(), repeat(), lpad(), rpad(), starts_with(), date_trunc(unit, ts, 'UTC'), "
+    "extract(field FROM ts AT TIME ZONE 'UTC'), extract(epoch FROM ts), "
     "ts AT TIME ZONE 'UTC', timestamptz + or - a fixed INTERVAL"
 )
 
@@ -163,6 +164,9 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
             return entry.result(Call(node, args, types, []))
         except Refused as refused:
             raise unsupported(node, str(refused)) from None
+    if isinstance(node, exp.Anonymous):
+        hint = UNSUPPORTED_HINTS.get(node.name.lower(), "")
+        raise unsupported(node, f"{node.name}() is not supported{hint}")
     raise unsupported(node, f"{type(node).__name__.lower()} is not supported")
 
 

@@ -542,6 +542,84 @@ def _at_time_zone(call: Call) -> exp.Expr:
     return exp.cast(call.arg(0), exp.DataType.build("timestamp_ntz", dialect="spark"))
 
 
+# extract(): PostgreSQL returns numeric. Per field: the Spark field, what to add to it,
+# and whether it exists for a date. (dow counts from Sunday = 0, Spark's DOW from 1.)
+_EXTRACT_FIELDS: dict[str, tuple[str, int, bool]] = {
+    "YEAR": ("YEAR", 0, True),
+    "ISOYEAR": ("YEAROFWEEK", 0, True),
+    "QUARTER": ("QUARTER", 0, True),
+    "MONTH": ("MONTH", 0, True),
+    "WEEK": ("WEEK", 0, True),
+    "DAY": ("DAY", 0, True),
+    "DOY": ("DOY", 0, True),
+    "DOW": ("DOW", -1, True),
+    "ISODOW": ("DOW_ISO", 0, True),
+    "HOUR": ("HOUR", 0, False),
+    "MINUTE": ("MINUTE", 0, False),
+    "SECOND": ("SECOND", 0, False),
+    "MILLISECONDS": ("SECOND", 0, False),
+    "MICROSECONDS": ("SECOND", 0, False),
+    "EPOCH": ("EPOCH", 0, True),
+}
+_FIELD_SPELLINGS = {"MILLISECOND": "MILLISECONDS", "MICROSECOND": "MICROSECONDS"}
+
+
+def _extract_field(call: Call) -> str:
+    field = call.node.this
+    name = field.name.upper() if isinstance(field, exp.Var | exp.Literal) else ""
+    name = _FIELD_SPELLINGS.get(name, name)
+    if name not in _EXTRACT_FIELDS:
+        raise Refused(
+            f"extract() field {name.lower()!r} is not supported; fields: "
+            + ", ".join(f.lower() for f in _EXTRACT_FIELDS)
+        )
+    return name
+
+
+def _extract_type(call: Call) -> SqlType:
+    name = _extract_field(call)
+    source = call.type(0)
+    if source == TIMESTAMPTZ and name != "EPOCH":
+        raise Refused(
+            "extract() from a timestamptz depends on PostgreSQL's session time zone; "
+            f"write extract({name.lower()} FROM ts AT TIME ZONE 'UTC')"
+        )
+    if source.name == "date" and not _EXTRACT_FIELDS[name][2]:
+        raise Refused(f"extract() of {name.lower()} does not exist for a date in PostgreSQL")
+    if not source.is_temporal:
+        raise Refused(f"extract() takes a timestamp, date or timestamptz, not {source.pg()}")
+    return NUMERIC
+
+
+def _decimal(value: exp.Expr, spec: str) -> exp.Expr:
+    return exp.cast(value, exp.DataType.build(spec, dialect="spark"))
+
+
+def _extract(call: Call) -> exp.Expr:
+    name = _extract_field(call)
+    source, value = call.type(0), call.arg(0)
+    spark_field, offset, _ = _EXTRACT_FIELDS[name]
+    if name == "EPOCH":
+        # Seconds since 1970-01-01 00:00 (UTC for a timestamptz, nominal for the others),
+        # with PostgreSQL's six decimals: whole microseconds scaled exactly.
+        if source.name == "date":
+            days = _decimal(_f("unix_date", value), "decimal(20,0)")
+            return exp.Mul(this=days, expression=_n(86400))
+        moment = value if source == TIMESTAMPTZ else exp.cast(value, "timestamp")
+        micros = _decimal(_f("unix_micros", moment), "decimal(20,0)")
+        return exp.Mul(this=micros, expression=_decimal(_s("0.000001"), "decimal(7,6)"))
+    part: exp.Expr = exp.Extract(this=exp.var(spark_field), expression=value)
+    if name == "SECOND":
+        return part  # decimal(8,6): seconds with microseconds, as PostgreSQL gives them
+    if name == "MILLISECONDS":
+        return exp.Mul(this=part, expression=_n(1000))
+    if name == "MICROSECONDS":
+        return _decimal(exp.Mul(this=part, expression=_n(1000000)), "decimal(10,0)")
+    if offset:
+        part = exp.Add(this=part, expression=_n(offset))
+    return _decimal(part, "decimal(10,0)")
+
+
 FUNCTIONS: dict[type[exp.Expr], Function] = {
     exp.Round: Function("round", ("this", "decimals"), _round_type, _round),
     exp.Floor: Function("floor", ("this",), _float_or_numeric, _floor_or_ceil(up=False)),
@@ -590,7 +668,18 @@ FUNCTIONS: dict[type[exp.Expr], Function] = {
     exp.ILike: Function("ILIKE", ("this", "expression"), _ilike_type, _like),
     exp.In: Function("IN", ("this", "*expressions"), _in_type, _in),
     exp.TimestampTrunc: Function("date_trunc", ("this",), _date_trunc_type, _date_trunc),
+    exp.Extract: Function("extract", ("expression",), _extract_type, _extract),
     exp.AtTimeZone: Function("AT TIME ZONE", ("this",), _at_time_zone_type, _at_time_zone),
+}
+
+
+# Functions the table leaves out, and what to write instead.
+UNSUPPORTED_HINTS = {
+    "date_part": (
+        " (PostgreSQL computes it in double precision); write extract(field FROM x), "
+        "which returns numeric"
+    ),
+    "to_char": "; format the value after reading it",
 }
 
 
