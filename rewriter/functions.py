@@ -332,9 +332,20 @@ def _kept(text: exp.Expr, n: exp.Expr) -> exp.Expr:
     )
 
 
+def _null_on_null(call: Call, result: exp.Expr) -> exp.Expr:
+    """NULL if an argument is: Spark's greatest()/least() skip NULLs, which would turn a
+    NULL position or count into a number."""
+    present = [a.copy() for a in call.spark if a is not None]
+    return exp.If(
+        this=exp.or_(*(exp.Is(this=a, expression=exp.Null()) for a in present)),
+        true=exp.Null(),
+        false=result,
+    )
+
+
 def _left(call: Call) -> exp.Expr:
     text = call.arg(0)
-    return _f("substring", text, _n(1), _kept(text.copy(), call.arg(1)))
+    return _null_on_null(call, _f("substring", text, _n(1), _kept(text.copy(), call.arg(1))))
 
 
 def _right(call: Call) -> exp.Expr:
@@ -345,7 +356,7 @@ def _right(call: Call) -> exp.Expr:
         ),
         expression=_n(1),
     )
-    return _f("substring", text, start)
+    return _null_on_null(call, _f("substring", text, start))
 
 
 def _substring(call: Call) -> exp.Expr:
@@ -354,7 +365,7 @@ def _substring(call: Call) -> exp.Expr:
     text, start = call.arg(0), call.arg(1)
     first = _f("greatest", start, _n(1))
     if call.args[2] is None:
-        return _f("substring", text, first)
+        return _null_on_null(call, _f("substring", text, first))
     count = call.arg(2)
     end = exp.Add(this=exp.cast(start.copy(), "bigint"), expression=count)
     length = _f(
@@ -367,7 +378,7 @@ def _substring(call: Call) -> exp.Expr:
             exp.LT(this=count.copy(), expression=_n(0)),
             _fail("negative substring length not allowed"),
         ),
-        default=_f("substring", text, first.copy(), exp.cast(length, "int")),
+        default=_null_on_null(call, _f("substring", text, first.copy(), exp.cast(length, "int"))),
     )
 
 
