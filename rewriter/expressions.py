@@ -136,7 +136,12 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
                 "write CAST(ts AT TIME ZONE 'UTC' AS date)",
             )
         if not (target.is_number and inner.is_number):
-            raise unsupported(node, "CAST is supported between number types only")
+            raise unsupported(
+                node,
+                f"CAST of {inner.pg()} to {target.pg()} is not supported; casts go between "
+                "number types, to text (from integers, booleans, dates and numeric(p,s)) and "
+                "to date (from timestamp)",
+            )
         if inner.is_float and target.is_numeric:
             raise unsupported(
                 node,

@@ -500,6 +500,14 @@ _TRUNC_UNITS = {
     "MONTH": "MONTH",
     "QUARTER": "QUARTER",
     "YEAR": "YEAR",
+    # PostgreSQL's plural spellings
+    "SECONDS": "SECOND",
+    "MINUTES": "MINUTE",
+    "HOURS": "HOUR",
+    "DAYS": "DAY",
+    "WEEKS": "WEEK",
+    "MONTHS": "MONTH",
+    "YEARS": "YEAR",
 }
 
 
@@ -572,7 +580,16 @@ _EXTRACT_FIELDS: dict[str, tuple[str, int, bool]] = {
     "MICROSECONDS": ("SECOND", 0, False),
     "EPOCH": ("EPOCH", 0, True),
 }
-_FIELD_SPELLINGS = {"MILLISECOND": "MILLISECONDS", "MICROSECOND": "MICROSECONDS"}
+_FIELD_SPELLINGS = {
+    "MILLISECOND": "MILLISECONDS",
+    "MICROSECOND": "MICROSECONDS",
+    "SECONDS": "SECOND",
+    "MINUTES": "MINUTE",
+    "HOURS": "HOUR",
+    "DAYS": "DAY",
+    "MONTHS": "MONTH",
+    "YEARS": "YEAR",
+}
 
 
 def _extract_field(call: Call) -> str:
