@@ -19,7 +19,7 @@ from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
 from rewriter.functions import FUNCTIONS, UNSUPPORTED_HINTS, Call, Refused, arguments
-from rewriter.types import SqlType, promote, sql_type_from_sqlglot
+from rewriter.types import INTEGER_DIGITS, SqlType, promote, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
 
@@ -237,10 +237,6 @@ def _decimal_literal(text: str) -> tuple[str, int, int]:
     return plain, max(precision, scale, 1), scale
 
 
-# Decimal digits holding every value of an integer type.
-_INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
-
-
 def _common(node: exp.Expr, parts: list[exp.Expr], schema: Schema) -> SqlType:
     types = [infer_type(p, schema) for p in parts if not isinstance(p, exp.Null)]
     if not types:
@@ -322,7 +318,7 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
             # wide enough for every value of its type.
             if inner.is_numeric:
                 return value
-            digits = _INTEGER_DIGITS[inner.name]
+            digits = INTEGER_DIGITS[inner.name]
             return exp.cast(value, exp.DataType.build(f"decimal({digits},0)", dialect="spark"))
         if cast_to.is_integer and inner.is_float:
             # PostgreSQL rounds to the nearest integer (ties to even, rint()); Spark truncates.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from rewriter.types import SqlType, promote
+from rewriter.types import INTEGER_DIGITS, SqlType, promote
 
 TEXT = SqlType("text")
 INTEGER = SqlType("integer")
@@ -132,13 +132,9 @@ def _int_literal(node: exp.Expr | None) -> int | None:
     return None
 
 
-# Digits holding every value of an integer type (for exact casts to decimal).
-_INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
-
-
 def _as_decimal(value: exp.Expr, t: SqlType) -> exp.Expr:
     if t.is_integer:
-        digits = _INTEGER_DIGITS[t.name]
+        digits = INTEGER_DIGITS[t.name]
         return exp.cast(value, exp.DataType.build(f"decimal({digits},0)", dialect="spark"))
     return value
 
@@ -158,8 +154,11 @@ def _round_type(call: Call) -> SqlType:
     found = _number(call)
     if call.args[1] is None:
         return NUMERIC if found.is_numeric else DOUBLE
-    if _int_literal(call.args[1]) is None:
-        raise Refused("round(x, n) takes a whole-number literal n (e.g. round(x, 2))")
+    places = _int_literal(call.args[1])
+    if places is None or abs(places) > 38:
+        raise Refused(
+            "round(x, n) takes a whole-number literal n from -38 to 38 (e.g. round(x, 2))"
+        )
     if found.is_float:
         raise Refused(
             "round(double precision, n) does not exist in PostgreSQL; round(x) rounds a "

@@ -138,6 +138,9 @@ def sql_type_from_sqlglot(data_type: exp.DataType, *, column: str) -> SqlType:
 
 _INT_RANK = {"smallint": 0, "integer": 1, "bigint": 2}
 
+# Decimal digits holding every value of an integer type (exact casts to decimal).
+INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
+
 
 def promote(left: SqlType, right: SqlType) -> SqlType:
     """PostgreSQL's type for two numbers combined (arithmetic, CASE, greatest())."""

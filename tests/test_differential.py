@@ -915,6 +915,7 @@ REFUSED: list[tuple[str, str]] = [
     ("1e40 + n", "38 digits"),
     ("round(f, 2)", "round(double precision, n) does not exist"),
     ("round(n, i)", "whole-number literal"),
+    ("round(n, 39)", "from -38 to 38"),
     ("round(txt)", "round() takes a number"),
     ("sqrt(n)", "sqrt() of numeric"),
     ("power(n, 2)", "power() of numeric"),
