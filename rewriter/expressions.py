@@ -18,20 +18,25 @@ from decimal import Decimal
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
-from rewriter.types import SqlType, sql_type_from_sqlglot
+from rewriter.functions import FUNCTIONS, UNSUPPORTED_HINTS, Call, Refused, arguments
+from rewriter.types import INTEGER_DIGITS, SqlType, promote, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
 
 SUPPORTED_EXPRESSIONS = (
     "columns, literals, + - * / %, comparisons, AND/OR/NOT, IS [NOT] NULL, "
-    "CASE, COALESCE, CAST to a number type (or to the value's own type), ||, lower(), "
-    "upper(), abs(), BETWEEN, "
-    "timestamptz + or - a fixed INTERVAL"
+    "CASE, COALESCE, CAST to a number type (or to the value's own type), CAST of integers, "
+    "booleans, dates and numeric(p,s) to text, CAST(timestamp AS date), ||, lower(), upper(), "
+    "abs(), BETWEEN, [NOT] IN (list), [NOT] LIKE, round(), floor(), ceil(), sign(), sqrt(), "
+    "power(), mod(), greatest(), least(), nullif(), length(), replace(), strpos(), position(), "
+    "left(), right(), substring(), split_part(), trim()/btrim()/ltrim()/rtrim(), concat(), "
+    "reverse(), repeat(), lpad(), rpad(), starts_with(), date_trunc(unit, ts, 'UTC'), "
+    "extract(field FROM ts AT TIME ZONE 'UTC'), extract(epoch FROM ts), "
+    "ts AT TIME ZONE 'UTC', timestamptz + or - a fixed INTERVAL"
 )
 
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 _COMPARISON = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-_INT_RANK = {"smallint": 0, "integer": 1, "bigint": 2}
 
 BOOLEAN = SqlType("boolean")
 TEXT = SqlType("text")
@@ -94,7 +99,7 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         right = _require_number(node, infer_type(node.expression, schema))
         if isinstance(node, exp.Mod) and (left.is_float or right.is_float):
             raise unsupported(node, "% is not defined for real and double precision in PostgreSQL")
-        return _promote(node, left, right)
+        return promote(left, right)
     if isinstance(node, _COMPARISON):
         _require_comparable(node, node.this, node.expression, schema)
         return BOOLEAN
@@ -120,8 +125,23 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         target = sql_type_from_sqlglot(node.to, column=_position(node))
         if target == inner:
             return inner  # an identity cast (b::boolean on a boolean, d::date on a date)
+        if target == TEXT:
+            return _cast_to_text(node, inner)
+        if target.name == "date" and inner.name == "timestamp":
+            return target
+        if target.name == "date" and inner.name == "timestamptz":
+            raise unsupported(
+                node,
+                "CAST of a timestamptz to date depends on PostgreSQL's session time zone; "
+                "write CAST(ts AT TIME ZONE 'UTC' AS date)",
+            )
         if not (target.is_number and inner.is_number):
-            raise unsupported(node, "CAST is supported between number types only")
+            raise unsupported(
+                node,
+                f"CAST of {inner.pg()} to {target.pg()} is not supported; casts go between "
+                "number types, to text (from integers, booleans, dates and numeric(p,s)) and "
+                "to date (from timestamp)",
+            )
         if inner.is_float and target.is_numeric:
             raise unsupported(
                 node,
@@ -141,7 +161,32 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         if node.args.get("default") is not None:
             results.append(node.args["default"])
         return _common(node, results, schema)
+    entry = FUNCTIONS.get(type(node))
+    if entry is not None:
+        args = arguments(node, entry)
+        types = [None if a is None else infer_type(a, schema) for a in args]
+        try:
+            return entry.result(Call(node, args, types, []))
+        except Refused as refused:
+            raise unsupported(node, str(refused)) from None
+    if isinstance(node, exp.Anonymous):
+        hint = UNSUPPORTED_HINTS.get(node.name.lower(), "")
+        raise unsupported(node, f"{node.name}() is not supported{hint}")
     raise unsupported(node, f"{type(node).__name__.lower()} is not supported")
+
+
+def _cast_to_text(node: exp.Expr, inner: SqlType) -> SqlType:
+    # Both engines write integers, booleans ('true'/'false'), dates (ISO) and decimals of a
+    # fixed scale alike; other types have engine-specific spellings.
+    if inner.is_integer or inner.name in ("boolean", "date"):
+        return TEXT
+    if inner.is_numeric and inner.precision is not None:
+        return TEXT
+    raise unsupported(
+        node,
+        f"CAST of {inner.pg()} to text is not supported (the engines write it differently); "
+        "casts to text take integers, booleans, dates and numeric(p,s)",
+    )
 
 
 def _require_number(node: exp.Expr, sql_type: SqlType) -> SqlType:
@@ -192,22 +237,6 @@ def _decimal_literal(text: str) -> tuple[str, int, int]:
     return plain, max(precision, scale, 1), scale
 
 
-# Decimal digits holding every value of an integer type.
-_INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
-
-
-def _promote(node: exp.Expr, left: SqlType, right: SqlType) -> SqlType:
-    if left.is_float or right.is_float:
-        # PostgreSQL has no float4-with-integer operators that stay float4 in general:
-        # anything mixed with a float computes in double precision.
-        if left.name == right.name == "real":
-            return left
-        return SqlType("double precision")
-    if left.is_numeric or right.is_numeric:
-        return SqlType("numeric")
-    return left if _INT_RANK[left.name] >= _INT_RANK[right.name] else right
-
-
 def _common(node: exp.Expr, parts: list[exp.Expr], schema: Schema) -> SqlType:
     types = [infer_type(p, schema) for p in parts if not isinstance(p, exp.Null)]
     if not types:
@@ -217,7 +246,7 @@ def _common(node: exp.Expr, parts: list[exp.Expr], schema: Schema) -> SqlType:
         if result == other:
             continue
         if result.is_number and other.is_number:
-            result = _promote(node, result, other)
+            result = promote(result, other)
         else:
             raise unsupported(node, f"mixes {result.pg()} and {other.pg()}")
     return result
@@ -240,6 +269,17 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         # PostgreSQL; Spark would read 2.5e3 as a double: write it out as an exact decimal.
         plain, precision, scale = _decimal_literal(node.this)
         return exp.cast(exp.Literal.number(plain), f"decimal({precision},{scale})")
+    entry = FUNCTIONS.get(type(node))
+    if entry is not None:
+        args = arguments(node, entry)
+        return entry.translate(
+            Call(
+                node,
+                args,
+                [None if a is None else infer_type(a, schema) for a in args],
+                [None if a is None else _translate(a, schema) for a in args],
+            )
+        )
     shift = _interval_us(node.expression) if isinstance(node, exp.Add | exp.Sub) else None
     if shift is not None:
         # Microsecond arithmetic: exact, and the same instant PostgreSQL computes in UTC.
@@ -270,13 +310,15 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         value = copy.this
         if cast_to == inner:
             return value
+        if cast_to == TEXT or cast_to.name == "date":
+            return exp.cast(value, exp.DataType.build(cast_to.spark(), dialect="spark"))
         if cast_to.is_numeric and cast_to.precision is None:
             # Unbounded numeric keeps every digit (PostgreSQL's scale): a numeric value
             # keeps the exact decimal type Spark gives it, an integer becomes a decimal
             # wide enough for every value of its type.
             if inner.is_numeric:
                 return value
-            digits = _INTEGER_DIGITS[inner.name]
+            digits = INTEGER_DIGITS[inner.name]
             return exp.cast(value, exp.DataType.build(f"decimal({digits},0)", dialect="spark"))
         if cast_to.is_integer and inner.is_float:
             # PostgreSQL rounds to the nearest integer (ties to even, rint()); Spark truncates.
@@ -296,7 +338,7 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         # DIV always yields a bigint: cast back, so -2147483648 / -1 overflows as in
         # PostgreSQL (and the result type matches).
         quotient = exp.IntDiv(this=copy.this, expression=copy.expression)
-        result = _promote(node, left, right)
+        result = promote(left, right)
         if result.name == "bigint":
             return quotient
         return exp.cast(quotient, exp.DataType.build(result.spark(), dialect="spark"))

@@ -168,6 +168,16 @@ class _StreamParser(PostgresParser):
         self.raise_error("not expected here", self._curr or self._prev)
         return super()._parse_as_command(start)
 
+    def _parse_date_part(self) -> exp.Expr:
+        # sqlglot reads date_part() as EXTRACT, but PostgreSQL's date_part() returns
+        # double precision and extract() numeric: keep it a call of its own, so it is
+        # typed (or refused) as itself.
+        extract = super()._parse_date_part()
+        field = extract.this.name.lower() if extract.this is not None else ""
+        return exp.Anonymous(
+            this="date_part", expressions=[exp.Literal.string(field), extract.expression]
+        )
+
 
 def _parse(text: str, sql: str) -> exp.Expr | None:
     """Parse ``text``, the statement ``sql`` made readable for sqlglot (same offsets)."""

@@ -136,6 +136,25 @@ def sql_type_from_sqlglot(data_type: exp.DataType, *, column: str) -> SqlType:
     return SqlType("numeric", precision, scale)
 
 
+_INT_RANK = {"smallint": 0, "integer": 1, "bigint": 2}
+
+# Decimal digits holding every value of an integer type (exact casts to decimal).
+INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
+
+
+def promote(left: SqlType, right: SqlType) -> SqlType:
+    """PostgreSQL's type for two numbers combined (arithmetic, CASE, greatest())."""
+    if left.is_float or right.is_float:
+        # PostgreSQL has no float4-with-integer operators that stay float4 in general:
+        # anything mixed with a float computes in double precision.
+        if left.name == right.name == "real":
+            return left
+        return SqlType("double precision")
+    if left.is_numeric or right.is_numeric:
+        return SqlType("numeric")
+    return left if _INT_RANK[left.name] >= _INT_RANK[right.name] else right
+
+
 @dataclass(frozen=True)
 class ColumnSpec:
     """A declared column of a raw stream."""
