@@ -50,7 +50,11 @@ def is_top_n(select: exp.Expr) -> bool:
     item = from_.this if from_ is not None else None
     if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select):
         return item.this.find(exp.Window) is not None
-    return bool(select.args.get("limit")) and not select.args.get("group")
+    return (
+        isinstance(item, exp.Table)
+        and bool(select.args.get("limit"))
+        and not select.args.get("group")
+    )
 
 
 def build_top_n(
