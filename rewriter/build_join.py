@@ -191,8 +191,8 @@ def _input(item: exp.Expr | None, streams: Mapping[str, StreamPlan]) -> _Input:
         )
     if item.args.get("version") is not None or item.find(exp.Version):
         raise UnsupportedSQL(
-            "FOR SYSTEM_TIME AS OF (versioned joins) is not supported yet; join on the "
-            "version's key and validity columns instead"
+            f"FOR SYSTEM_TIME AS OF reads a versioned PostgreSQL table, not the stream "
+            f"{item.name!r}: JOIN table FOR SYSTEM_TIME AS OF s.time AS v ON v.key = s.key"
         )
     window_us = None
     call = item.this

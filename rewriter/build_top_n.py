@@ -125,7 +125,8 @@ def _check_rank_filter(outer: exp.Select, ranked: exp.Select) -> None:
 
 
 def _source(ranked: exp.Select, streams: Mapping[str, StreamPlan]) -> StreamPlan:
-    item = ranked.args["from_"].this
+    from_ = ranked.args.get("from_")
+    item = from_.this if from_ is not None else None
     if not isinstance(item, exp.Table):
         raise UnsupportedSQL(f"a top-N stream ranks a stream's rows: {TOP_N_FORM}")
     call = item.this

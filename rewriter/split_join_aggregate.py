@@ -24,7 +24,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.derived_select import output_name
-from rewriter.errors import UnsupportedSQL
+from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import RawStreamPlan, StreamPlan
 from rewriter.resolve_window import parse_interval
 
@@ -91,8 +91,16 @@ def split_join_aggregate(
         # input's, which a join stream must keep).
         first = next(iter(inputs))
         plan = streams.get(inputs[first].source)
+        if plan is None:
+            raise UnknownSource(
+                f"{inputs[first].source!r} does not exist: it is neither a stream nor a table "
+                "or view in PostgreSQL"
+            )
         if not isinstance(plan, RawStreamPlan):
-            raise UnsupportedSQL(f"{inputs[first].source!r} is not a raw stream")
+            raise UnsupportedSQL(
+                f"{plan.name!r} is a derived stream; joins read raw streams (join them first, "
+                "then build streams on the join)"
+            )
         time_column = plan.event_time
         source = exp.table_(rows_stream)
     time = naming.join_column(first, time_column)
