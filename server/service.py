@@ -31,7 +31,7 @@ from rewriter.naming import (
     raw_archive_table,
 )
 from rewriter.plan import JoinStreamPlan
-from rewriter.tables import referenced_names
+from rewriter.tables import TableSchema, referenced_names
 from server import catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
@@ -144,12 +144,15 @@ class StrataService:
                     )
             self._create_with_companions(connection, statement)
             existing = self.plans.load(connection)
-        return self._create(connection, text, existing)
+        return self._create(connection, text, existing, tables)
 
     def _create(
-        self, connection: sa.Connection, text: str, existing: dict[str, StreamRecord]
+        self,
+        connection: sa.Connection,
+        text: str,
+        existing: dict[str, StreamRecord],
+        tables: dict[str, TableSchema],
     ) -> StreamPlan:
-        tables = catalog.read_tables(connection, referenced_names(text), existing)
         plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
         if plan.name in existing:
             raise StreamExists(f"stream {plan.name!r} already exists")
