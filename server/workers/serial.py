@@ -85,18 +85,9 @@ def record_corrections(
     a match (a NULL-padded row appears) or a late match arrives (the padded row goes): the
     first is the preserved row's event time, the second the new pair's, which is the same.
     """
-    times = {raw.name: _micros(data, raw.event_time)}
-    for name, rows in (joined or {}).items():
-        join = records[name].plan
-        assert isinstance(join, JoinStreamPlan)
-        found = [_micros(rows, join.event_time)] if rows is not None else []
-        for position in join.preserved:
-            given = join.inputs[position]
-            if position == join.event_time_input and given.source == raw.name:
-                found.append(_input_times(join, _micros(data, given.event_time)))
-        times[name] = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-    plans = [(p, times[s]) for s, t in times.items() for p in serial_streams(records, s)]
-    if not plans or all(t.size == 0 for _, t in plans):
+    joined = joined or {}
+    plans = [(p, s) for s in (raw.name, *joined) for p in serial_streams(records, s)]
+    if not plans or data.num_rows == 0:
         return
     progress = catalog.serial_progress
     bounds = {
@@ -111,10 +102,16 @@ def record_corrections(
     }
     if not bounds:
         return
+    times: dict[str, np.ndarray] = {}
     corrections = []
-    for plan, rows in plans:
+    for plan, source in plans:
         until = bounds.get(plan.name)
-        if until is None or rows.size == 0:
+        if until is None:
+            continue
+        if source not in times:
+            times[source] = _source_times(records, raw, data, source, joined.get(source))
+        rows = times[source]
+        if rows.size == 0:
             continue
         starts = window_starts(rows, lineage(records, plan))
         starts = starts[starts < micros(until)]
@@ -132,6 +129,28 @@ def record_corrections(
             set_={"late_rows": table.c.late_rows + upsert.excluded.late_rows},
         )
     )
+
+
+def _source_times(
+    records: dict[str, StreamRecord],
+    raw: RawStreamPlan,
+    data: pa.Table,
+    source: str,
+    rows: pa.Table | None,
+) -> np.ndarray:
+    """Event times (µs) of what the commit adds to ``source``: the raw rows ``data`` of
+    ``raw``, or the rows ``rows`` it adds to the join ``source``, with, for an outer join,
+    the preserved input's new rows."""
+    if source == raw.name:
+        return _micros(data, raw.event_time)
+    join = records[source].plan
+    assert isinstance(join, JoinStreamPlan)
+    found = [_micros(rows, join.event_time)] if rows is not None else []
+    for position in join.preserved:
+        given = join.inputs[position]
+        if position == join.event_time_input and given.source == raw.name:
+            found.append(_input_times(join, _micros(data, given.event_time)))
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 def _micros(data: pa.Table, column: str) -> np.ndarray:
