@@ -26,7 +26,7 @@ from rewriter import naming
 from rewriter.ddl import column_def, create_index, create_table, create_view, drop, table
 from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
-from rewriter.expressions import BOOLEAN, infer_type, to_spark
+from rewriter.expressions import BOOLEAN, conjuncts, infer_type, to_spark
 from rewriter.plan import JoinInput, JoinStreamPlan, ProbeKind, ProbeLink, RawStreamPlan, StreamPlan
 from rewriter.resolve_window import WINDOW_FORM, parse_interval
 from rewriter.types import ColumnSpec, SqlType
@@ -290,15 +290,7 @@ def _conditions(select: exp.Select) -> tuple[list[exp.Expr], list[exp.Expr]]:
     joined rows, NULL-padded ones of an outer join included)."""
     on = [j.args["on"] for j in select.args.get("joins") or [] if j.args.get("on")]
     where = select.args.get("where")
-    return _flat(on), _flat([where.this] if where is not None else [])
-
-
-def _flat(conditions: list[exp.Expr]) -> list[exp.Expr]:
-    flat: list[exp.Expr] = []
-    for condition in conditions:
-        parts = condition.flatten() if isinstance(condition, exp.And) else [condition]
-        flat.extend(part.unnest() for part in parts)
-    return flat
+    return conjuncts(*on), conjuncts(where.this if where is not None else None)
 
 
 def _outputs(

@@ -34,7 +34,7 @@ from rewriter.build_views import build_views, partial_rows
 from rewriter.ddl import create_view, drop, table
 from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
-from rewriter.expressions import infer_type
+from rewriter.expressions import conjuncts, infer_type
 from rewriter.plan import (
     JoinStreamPlan,
     OutputColumn,
@@ -285,13 +285,6 @@ class _Owners:
         }
 
 
-def _conjuncts(condition: exp.Expr | None) -> list[exp.Expr]:
-    if condition is None:
-        return []
-    parts = condition.flatten() if isinstance(condition, exp.And) else [condition]
-    return [p.unnest() for p in parts]
-
-
 def _versioned(
     join_item: exp.Table, entry: _Table, on: exp.Expr | None, version: exp.Expr
 ) -> exp.Lateral:
@@ -300,7 +293,7 @@ def _versioned(
     validity, key = _validity(entry.schema)
     alias = entry.alias
     equalities: dict[str, exp.Expr] = {}
-    for conjunct in _conjuncts(on):
+    for conjunct in conjuncts(on):
         if not isinstance(conjunct, exp.EQ):
             continue
         for mine, other in (
@@ -539,7 +532,7 @@ def _aggregate(
     where = select.args.get("where")
     pushed: list[exp.Expr] = []
     kept: list[exp.Expr] = []
-    for conjunct in _conjuncts(where.this if where is not None else None):
+    for conjunct in conjuncts(where.this if where is not None else None):
         if contains_aggregate(conjunct):
             raise UnsupportedSQL("aggregates are not allowed in WHERE; use HAVING")
         windowed = any(c.name in _WINDOW_COLUMNS for c in conjunct.find_all(exp.Column))

@@ -42,6 +42,17 @@ BOOLEAN = SqlType("boolean")
 TEXT = SqlType("text")
 
 
+def conjuncts(*conditions: exp.Expr | None) -> list[exp.Expr]:
+    """The ANDed parts of ``conditions``, parentheses dropped (absent conditions have none)."""
+    flat: list[exp.Expr] = []
+    for condition in conditions:
+        if condition is None:
+            continue
+        parts = condition.flatten() if isinstance(condition, exp.And) else [condition]
+        flat.extend(part.unnest() for part in parts)
+    return flat
+
+
 def _position(node: exp.Expr) -> str:
     sql = node.sql("postgres")
     return sql if len(sql) <= 60 else sql[:57] + "..."
