@@ -22,7 +22,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import output_name
+from rewriter.derived_select import column_names, output_names
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     JoinStreamPlan,
@@ -178,23 +178,8 @@ def _rows(item: exp.Expr, source: StreamPlan) -> exp.Expr:
 
 def _names(view: exp.Select, ranked: exp.Select, source: StreamPlan) -> list[str]:
     """The view's column names, stars expanded (the source's columns, then the ranking's)."""
-    if isinstance(source, WindowedAggregatePlan):
-        own = [o.name for o in source.outputs]
-    else:
-        own = [c.name for c in source.columns]
+    own = column_names(source)
     if isinstance(ranked.args["from_"].this.this, exp.Anonymous):
         own += [naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN]
-
-    def expand(select: exp.Select, star: list[str]) -> list[str]:
-        names: list[str] = []
-        for item in select.expressions:
-            if isinstance(item, exp.Star) or (
-                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-            ):
-                names += star
-            else:
-                names.append(output_name(item))
-        return names
-
-    inner = expand(ranked, own)
-    return inner if view is ranked else expand(view, inner)
+    inner = output_names(ranked, own)
+    return inner if view is ranked else output_names(view, inner)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
+from rewriter.plan import StreamPlan, WindowedAggregatePlan
 
 _UNSUPPORTED_CLAUSES = {
     "distinct": "SELECT DISTINCT",
@@ -50,3 +51,23 @@ _RENAMED = {
     "approx_distinct": "approx_count_distinct",
 }
 _FOLDED_NAMES = {"variance", "logical_and"}
+
+
+def column_names(plan: StreamPlan) -> list[str]:
+    """The columns of a stream's view, in order."""
+    if isinstance(plan, WindowedAggregatePlan):
+        return [o.name for o in plan.outputs]
+    return [c.name for c in plan.columns]
+
+
+def output_names(select: exp.Select, star: list[str]) -> list[str]:
+    """The names of ``select``'s columns, a ``*`` (or ``x.*``) standing for ``star``."""
+    names: list[str] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            names += star
+        else:
+            names.append(output_name(item))
+    return names

@@ -18,17 +18,13 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import output_name
+from rewriter.derived_select import column_names, output_names
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
-    JoinStreamPlan,
     OnReadStreamPlan,
     OutputColumn,
-    ProjectionStreamPlan,
     RawStreamPlan,
-    ReadJoinStreamPlan,
     StreamPlan,
-    WindowedAggregatePlan,
 )
 from rewriter.registry import exact_in_postgres
 
@@ -78,7 +74,7 @@ def build_subquery(
         raise UnsupportedSQL("only one subquery, in FROM, is supported in a stream")
     view = outer.transform(exact_in_postgres)
     assert isinstance(view, exp.Select)
-    names = _names(view, _columns(inner))
+    names = output_names(view, column_names(inner))
     return OnReadStreamPlan(
         name=name,
         source=inner_name,
@@ -93,24 +89,3 @@ def build_subquery(
         drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
         view_query=view.sql("postgres"),
     )
-
-
-def _columns(plan: StreamPlan) -> list[str]:
-    if isinstance(plan, WindowedAggregatePlan):
-        return [o.name for o in plan.outputs]
-    if isinstance(plan, RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan):
-        return [c.name for c in plan.columns]
-    assert isinstance(plan, ReadJoinStreamPlan | OnReadStreamPlan)
-    return [c.name for c in plan.columns]
-
-
-def _names(view: exp.Select, star: list[str]) -> list[str]:
-    names: list[str] = []
-    for item in view.expressions:
-        if isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
-            names += star
-        else:
-            names.append(output_name(item))
-    return names
