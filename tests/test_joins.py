@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata
-from tests.oracle import at, canonical, ndjson, same
+from tests.oracle import at, canonical, cut, ndjson, same
 
 _names = itertools.count()
 
@@ -96,6 +96,22 @@ class Nexmark:
     def ingest(self, runs: list[tuple[str, str]]) -> None:
         for stream, body in runs:
             self.strata.ingest(stream, body)
+
+
+def two_sided_runs(
+    rows: list[tuple[str, int, int]], cuts: list[int], left: str, right: str
+) -> list[tuple[str, str]]:
+    """Rows ("l" or "r", key, minute) cut into runs of the sizes ``cuts`` in turn, each run
+    posted as one run of ``left`` and one of ``right``; v numbers the rows."""
+    runs: list[tuple[str, str]] = []
+    for chunk in cut(list(enumerate(rows)), cuts):
+        for side, stream in (("l", left), ("r", right)):
+            mine = [
+                {"k": k, "v": i, "t": at(minute * 60)} for i, (s, k, minute) in chunk if s == side
+            ]
+            if mine:
+                runs.append((stream, ndjson(mine)))
+    return runs
 
 
 @pytest.fixture
@@ -436,21 +452,7 @@ def test_any_split_and_order_gives_the_batch_join(
         f"CREATE STREAM {agg} AS SELECT k, count(*) AS n, sum(lv) AS s, window_start "
         f"FROM TUMBLE({band}, t, INTERVAL '1 hour') GROUP BY k, window_start"
     )
-    runs: list[tuple[str, str]] = []
-    position = 0
-    for size in itertools.cycle(cuts):
-        chunk = rows[position : position + size]
-        if not chunk:
-            break
-        position += size
-        for side in ("l", "r"):
-            mine = [
-                {"k": k, "v": i, "t": at(minute * 60)}
-                for i, (s, k, minute) in enumerate(chunk, position)
-                if s == side
-            ]
-            if mine:
-                runs.append((left if side == "l" else right, ndjson(mine)))
+    runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
     for stream, body in runs:
         strata.ingest(stream, body)
@@ -612,21 +614,7 @@ def test_outer_joins_equal_the_batch_join_after_every_run_of_any_split_and_order
         f"CREATE STREAM {joined} AS SELECT l.k, l.v AS lv, r.v AS rv, l.t AS lt, r.t AS rt "
         f"FROM {left} l {side} JOIN {right} r {condition}"
     )
-    runs: list[tuple[str, str]] = []
-    position = 0
-    for size in itertools.cycle(cuts):
-        chunk = rows[position : position + size]
-        if not chunk:
-            break
-        position += size
-        for mine in ("l", "r"):
-            batch = [
-                {"k": k, "v": i, "t": at(minute * 60)}
-                for i, (s, k, minute) in enumerate(chunk, position)
-                if s == mine
-            ]
-            if batch:
-                runs.append((left if mine == "l" else right, ndjson(batch)))
+    runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
     oracle = f"SELECT l.k, l.v, r.v, l.t, r.t FROM {left} l {side} JOIN {right} r {condition}"
     for stream, body in runs:
