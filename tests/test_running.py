@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from datetime import timedelta
 
+import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -154,3 +156,74 @@ def test_running_totals_over_a_projection_and_a_join_and_refusals(module_strata:
         f"SELECT sum(s) AS s, window_start FROM TUMBLE(per_k_{n}, INTERVAL '1 hour') "
         "GROUP BY window_start"
     )
+
+
+def test_a_reader_sees_running_totals_sessions_and_top_n_exact_in_every_snapshot(
+    strata: Strata,
+) -> None:
+    """Runs posted concurrently (hours late or on time) while a reader compares, in one
+    REPEATABLE READ snapshot each time, running totals with their GROUP BY, sessions with
+    sessions formed in Python from the raw rows, and a top-N with its ranking query."""
+    from tests.test_sessions import sessions
+
+    rng = random.Random(31)
+    strata.create("CREATE STREAM taps (k text, v integer, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM tap_totals AS SELECT k, count(*) AS n, sum(v) AS s FROM taps GROUP BY k"
+    )
+    strata.create(
+        "CREATE STREAM tap_sessions AS SELECT k, count(*) AS n, sum(v) AS s, window_start, "
+        "window_end FROM SESSION(taps, t, INTERVAL '10 seconds') GROUP BY k, window_start"
+    )
+    top = (
+        "SELECT k, v, t FROM (SELECT k, v, t, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v "
+        "DESC, t) AS rn FROM taps) x WHERE rn <= 2"
+    )
+    strata.create(f"CREATE STREAM tap_top AS {top}")
+    checks = {
+        "SELECT k, n, s FROM tap_totals": "SELECT k, count(*), sum(v) FROM taps GROUP BY k",
+        "SELECT * FROM tap_top": top,
+    }
+    stop = threading.Event()
+    reads: list[bool] = []
+
+    def reader() -> None:
+        with psycopg.connect(strata.database_url, autocommit=True) as connection:
+            while not stop.is_set():
+                with connection.transaction():
+                    connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    ok = all(
+                        sorted(map(repr, connection.execute(view).fetchall()))
+                        == sorted(map(repr, connection.execute(oracle).fetchall()))
+                        for view, oracle in checks.items()
+                    )
+                    raw = connection.execute("SELECT k, t, v FROM taps").fetchall()
+                    got = connection.execute(
+                        "SELECT k, n, s, window_start, window_end FROM tap_sessions"
+                    ).fetchall()
+                received = [(k, int((t - START).total_seconds()), v) for k, t, v in raw]
+                reads.append(ok and sorted(got, key=repr) == sessions(received))
+
+    checker = threading.Thread(target=reader)
+    checker.start()
+    try:
+        posted = []
+        for _ in range(30):
+            base = rng.choice([0, 0, -3600, 600])
+            rows = [
+                {
+                    "k": rng.choice("ab"),
+                    "v": rng.randrange(20),
+                    "t": (START + timedelta(seconds=base + rng.randrange(0, 600))).isoformat(),
+                }
+                for _ in range(rng.randrange(1, 6))
+            ]
+            response = strata.post_run("taps", ndjson(rows), wait=False)
+            assert response.status_code == 202, response.text
+            posted.append(response.json()["run_id"])
+        for run_id in posted:
+            strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        checker.join()
+    assert reads and all(reads), f"{reads.count(False)} of {len(reads)} snapshots differed"
