@@ -5,7 +5,8 @@ parse_stream -> (raw) build_archive
              -> (joins with tables, outer joins of 3+ streams) build_lookup, on read
              -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
-             -> (top-N and dedup, on read) build_top_n
+             -> (top-N and dedup, on read) [split_top_n -> a stream of the ranked rows]
+                                           build_top_n
              -> (a subquery in FROM) split_subquery -> a stream of it + the query on read
              -> (SESSION windows, on read) build_session
              -> (no window, no aggregates) build_projection
@@ -41,6 +42,7 @@ from rewriter.split_join_aggregate import (
 )
 from rewriter.split_rollup import GatherPoint, split_rollup
 from rewriter.split_subquery import build_subquery, inner_statement, is_subquery
+from rewriter.split_top_n import split_top_n
 from rewriter.tables import TableSchema
 
 
@@ -80,7 +82,9 @@ def companion(
             return None
         select = statement.select
         if is_top_n(select):
-            return None
+            assert isinstance(select, exp.Select)
+            split = split_top_n(statement.name, select)
+            return None if split is None else (statement.name, split.inner, split.inner_statement)
         if is_subquery(select):
             assert isinstance(select, exp.Select)
             return (statement.name, *inner_statement(statement.name, select))
@@ -114,7 +118,8 @@ def _rewrite(
         return build_join(statement.name, select, streams)
     if is_top_n(select):
         assert isinstance(select, exp.Select)
-        return build_top_n(statement.name, select, streams)
+        ranked = split_top_n(statement.name, select)
+        return build_top_n(statement.name, select if ranked is None else ranked.select, streams)
     if is_subquery(select):
         assert isinstance(select, exp.Select)
         return build_subquery(statement.name, select, streams)
