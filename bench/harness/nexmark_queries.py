@@ -10,6 +10,7 @@ order; its view is the last one's. ``SIDE_INPUT`` is q13's PostgreSQL table.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SIDE_INPUT = "side_input"
@@ -27,6 +28,15 @@ class Query:
     @property
     def view(self) -> str:
         return f"SELECT * FROM {self.name}"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The raw streams the query reads, in Nexmark's order (person, auction, bid)."""
+        read = set(_READS.findall(" ".join(self.streams)))
+        return tuple(s for s in ("person", "auction", "bid") if s in read)
+
+
+_READS = re.compile(r"(?:FROM|JOIN|TUMBLE\(|HOP\(|SESSION\()\s*(person|auction|bid)\b")
 
 
 def side_input_statements() -> list[str]:
