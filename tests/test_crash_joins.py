@@ -1,6 +1,7 @@
 """Kill -9 while a join batch commits: of the whole server, of PostgreSQL alone, of the Spark
 JVM alone. After recovery (and retrying what the server never took) the join and the
-stream built on it equal their batch queries: no pair lost, none doubled."""
+streams built on it equal their batch queries: no pair lost, none doubled. So do running
+totals, sessions, a top-N and a query over a subquery, of a raw stream and of the join."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ STREAMS = (
     "FROM TUMBLE(ls, t, INTERVAL '1 hour') l JOIN dim d ON d.k = l.k GROUP BY d.g, window_start",
     "CREATE STREAM lr_by_group AS SELECT d.g, sum(j.w) AS w, window_end FROM TUMBLE(lr, t, "
     "INTERVAL '1 hour') j LEFT JOIN dim d ON d.k = j.k GROUP BY d.g, window_end",
+    # Running totals (partials per run), of a stream and of a join (its companion stream),
+    # and the streams computed on read: sessions, a top-N, a query over a subquery.
+    "CREATE STREAM ls_totals AS SELECT k, count(*) AS n, sum(v) AS v FROM ls GROUP BY k",
+    "CREATE STREAM lr_totals AS SELECT l.k, count(*) AS n, max(r.w) AS top "
+    "FROM ls l JOIN rs r ON l.k = r.k GROUP BY l.k",
+    "CREATE STREAM ls_sessions AS SELECT k, count(*) AS n, window_start, window_end "
+    "FROM SESSION(ls, t, INTERVAL '10 minutes') GROUP BY k, window_start, window_end",
+    "CREATE STREAM ls_top AS SELECT * FROM (SELECT k, v, t, ROW_NUMBER() OVER "
+    "(PARTITION BY k ORDER BY v DESC, t) AS rn FROM ls) x WHERE rn <= 2",
+    "CREATE STREAM lr_busiest AS SELECT max(n) AS top, count(*) AS keys FROM (SELECT l.k, "
+    "count(*) AS n FROM ls l JOIN rs r ON l.k = r.k GROUP BY l.k) c",
 )
 TABLE = (
     "CREATE TABLE dim (k integer PRIMARY KEY, g integer)",
@@ -66,6 +78,24 @@ ORACLES = {
     "SELECT g, w, window_end FROM lr_by_group": (
         "SELECT d.g, sum(r.w), date_bin('1 hour', r.t, timestamptz 'epoch') + interval '1 hour' "
         "FROM ls l JOIN rs r ON l.k = r.k LEFT JOIN dim d ON d.k = l.k GROUP BY 1, 3"
+    ),
+    "SELECT k, n, v FROM ls_totals": "SELECT k, count(*), sum(v) FROM ls GROUP BY k",
+    "SELECT k, n, top FROM lr_totals": (
+        "SELECT l.k, count(*), max(r.w) FROM ls l JOIN rs r ON l.k = r.k GROUP BY l.k"
+    ),
+    "SELECT k, n, window_start, window_end FROM ls_sessions": (
+        "SELECT k, count(*), min(t), max(t) + INTERVAL '10 minutes' FROM (SELECT k, t, "
+        "sum(fresh) OVER (PARTITION BY k ORDER BY t) AS s FROM (SELECT k, t, CASE WHEN "
+        "t - lag(t) OVER (PARTITION BY k ORDER BY t) < INTERVAL '10 minutes' THEN 0 ELSE 1 "
+        "END AS fresh FROM ls) m) n GROUP BY k, s"
+    ),
+    "SELECT k, v, t, rn FROM ls_top": (
+        "SELECT * FROM (SELECT k, v, t, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC, t) "
+        "AS rn FROM ls) x WHERE rn <= 2"
+    ),
+    "SELECT top, keys FROM lr_busiest": (
+        "SELECT max(n), count(*) FROM (SELECT l.k, count(*) AS n FROM ls l JOIN rs r "
+        "ON l.k = r.k GROUP BY l.k) c"
     ),
 }
 NDJSON = {"content-type": "application/x-ndjson"}
