@@ -163,7 +163,8 @@ def test_a_reader_sees_running_totals_sessions_and_top_n_exact_in_every_snapshot
 ) -> None:
     """Runs posted concurrently (hours late or on time) while a reader compares, in one
     REPEATABLE READ snapshot each time, running totals with their GROUP BY, sessions with
-    sessions formed in Python from the raw rows, and a top-N with its ranking query."""
+    sessions formed in Python from the raw rows, a top-N with its ranking query, and
+    queries over subqueries (a max over windowed counts; the top key of each window)."""
     from tests.test_sessions import sessions
 
     rng = random.Random(31)
@@ -180,9 +181,26 @@ def test_a_reader_sees_running_totals_sessions_and_top_n_exact_in_every_snapshot
         "DESC, t) AS rn FROM taps) x WHERE rn <= 2"
     )
     strata.create(f"CREATE STREAM tap_top AS {top}")
+    counts = (
+        "SELECT k, count(*) AS n, window_start FROM TUMBLE(taps, t, INTERVAL '5 minutes') "
+        "GROUP BY k, window_start"
+    )
+    batch_counts = (
+        "SELECT k, count(*) AS n, date_bin('5 minutes', t, timestamptz 'epoch') AS "
+        "window_start FROM taps GROUP BY 1, 3"
+    )
+    busiest = "SELECT max(n) AS top, count(*) AS windows FROM ({}) c"
+    leaders = (
+        "SELECT k, n, window_start FROM (SELECT k, n, window_start, RANK() OVER (PARTITION BY "
+        "window_start ORDER BY n DESC) AS r FROM ({}) c) x WHERE r = 1"
+    )
+    strata.create(f"CREATE STREAM tap_busiest AS {busiest.format(counts)}")
+    strata.create(f"CREATE STREAM tap_leaders AS {leaders.format(counts)}")
     checks = {
         "SELECT k, n, s FROM tap_totals": "SELECT k, count(*), sum(v) FROM taps GROUP BY k",
         "SELECT * FROM tap_top": top,
+        "SELECT * FROM tap_busiest": busiest.format(batch_counts),
+        "SELECT * FROM tap_leaders": leaders.format(batch_counts),
     }
     stop = threading.Event()
     reads: list[bool] = []

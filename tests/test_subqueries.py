@@ -10,9 +10,11 @@ import json
 import random
 
 import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import Strata
-from tests.oracle import at
+from tests.oracle import at, cut, ndjson, same
 
 _names = itertools.count()
 
@@ -90,3 +92,100 @@ def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> No
     assert strata.client.delete(f"/streams/q4_{n}").status_code in (200, 204)
     for made_with in (f"q4_{n}__inner", f"q4_{n}__inner__rows"):
         assert strata.client.get(f"/streams/{made_with}").status_code == 404
+
+
+@given(
+    auctions=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 4 * 3600), st.integers(60, 3600)),
+        min_size=1,
+        max_size=10,
+    ),
+    bids=st.lists(
+        st.tuples(
+            st.integers(0, 11), st.integers(0, 4), st.integers(1, 50), st.integers(0, 5 * 3600)
+        ),
+        max_size=30,
+    ),
+    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    order=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_subqueries_and_rankings_of_joins_equal_their_batch_after_every_run(
+    module_strata: Strata,
+    auctions: list[tuple[int, int, int]],
+    bids: list[tuple[int, int, int, int]],
+    cuts: list[int],
+    order: random.Random,
+) -> None:
+    """Random auctions and bids, cut into runs, shuffled: an aggregate over an aggregate over
+    a join (q4), a ranking of a join's rows (q9) and a ranking of windowed counts (q5) equal
+    the same queries as batches after every run."""
+    strata = module_strata
+    n = next(_names)
+    auction, bid = f"hauction_{n}", f"hbid_{n}"
+    strata.create(
+        f"CREATE STREAM {auction} (id bigint, category integer, date_time timestamptz, "
+        "expires timestamptz) WITH (event_time = 'date_time')"
+    )
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, "
+        "date_time timestamptz) WITH (event_time = 'date_time')"
+    )
+    join = (
+        f"FROM {auction} a JOIN {bid} b ON a.id = b.auction AND b.date_time BETWEEN "
+        "a.date_time AND a.expires"
+    )
+    q4 = (
+        f"SELECT q.category, avg(q.final) AS mean, count(*) AS auctions FROM (SELECT "
+        f"max(b.price) AS final, a.category {join} GROUP BY a.id, a.category) q "
+        "GROUP BY q.category"
+    )
+    q9 = (
+        f"SELECT id, price, bidder, bid_time FROM (SELECT a.id, b.price, b.bidder, a.date_time, "
+        "b.date_time AS bid_time, ROW_NUMBER() OVER (PARTITION BY a.id ORDER BY b.price DESC, "
+        f"b.date_time, b.bidder) AS rn {join}) t WHERE rn <= 2"
+    )
+    counts = "SELECT bidder, count(*) AS num, window_start FROM {} GROUP BY bidder, window_start"
+    q5 = (
+        "SELECT bidder, num, window_start FROM (SELECT bidder, num, window_start, RANK() OVER "
+        "(PARTITION BY window_start ORDER BY num DESC) AS r FROM ({}) c) t WHERE r = 1"
+    )
+    strata.create(f"CREATE STREAM hq4_{n} AS {q4}")
+    strata.create(f"CREATE STREAM hq9_{n} AS {q9}")
+    strata.create(
+        f"CREATE STREAM hq5_{n} AS "
+        + q5.format(counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')"))
+    )
+    windowed = (
+        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
+        f"FROM {bid}) w"
+    )
+    oracles = {
+        f"SELECT * FROM hq4_{n}": q4,
+        f"SELECT * FROM hq9_{n}": q9,
+        f"SELECT * FROM hq5_{n}": q5.format(counts.format(windowed)),
+    }
+    rows = [
+        (
+            auction,
+            {
+                "id": key,
+                "category": category,
+                "date_time": at(opened),
+                "expires": at(opened + length),
+            },
+        )
+        for key, (category, opened, length) in enumerate(auctions)
+    ] + [(bid, {"auction": a, "bidder": b, "price": p, "date_time": at(t)}) for a, b, p, t in bids]
+    order.shuffle(rows)
+    for chunk in cut(rows, cuts):
+        for stream in (auction, bid):
+            mine = [row for s, row in chunk if s == stream]
+            if mine:
+                strata.ingest(stream, ndjson(mine))
+        for view, oracle in oracles.items():
+            same(strata, view, oracle)
