@@ -49,7 +49,8 @@ def is_top_n(select: exp.Expr) -> bool:
     from_ = select.args.get("from_")
     item = from_.this if from_ is not None else None
     if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select):
-        return item.this.find(exp.Window) is not None
+        # The subquery ranks its own rows (a window in its select list, not deeper down).
+        return any(e.find(exp.Window) is not None for e in item.this.expressions)
     return (
         isinstance(item, exp.Table)
         and bool(select.args.get("limit"))
