@@ -418,17 +418,24 @@ def run(
 
 
 def print_report(results: dict[str, Any]) -> None:
+    """The per-query table, in the README's Markdown."""
     print(
         f"\n{results['events']:,} events in {results['runs']} runs over "
-        f"{results['span_hours']} h, {results['late_events']:,} in runs 1-6 h late"
+        f"{results['span_hours']} h, {results['late_events']:,} in runs 1-6 h late\n"
     )
-    print(f"{'query':<6} {'Strata ev/s':>12} {'lost':>6} {'SSS ev/s':>10} {'SSS lost':>9}")
+    print(
+        "| query | Strata events/s | Strata rows lost | Spark SSS events/s | "
+        "Spark SSS rows lost (of) |"
+    )
+    print("|---|---|---|---|---|")
     for name, entry in results["queries"].items():
+        lost = entry["strata"]["rows_lost"] + entry["strata"]["rows_over_produced"]
         sss = entry.get("sss")
-        print(
-            f"{name:<6} {entry['strata_events_per_s']:>12,} {entry['strata']['rows_lost']:>6} "
-            f"{entry.get('sss_events_per_s', '-'):>10} {sss['rows_lost'] if sss else '-':>9}"
-        )
+        if sss:
+            theirs = f"{entry['sss_events_per_s']:,} | {sss['rows_lost']:,} ({sss['batch_rows']:,})"
+        else:
+            theirs = f"- | {entry.get('sss_error', 'not expressible')}"
+        print(f"| {name} | {entry['strata_events_per_s']:,} | {lost} | {theirs} |")
     for problem in results["problems"]:
         print(f"PROBLEM: {problem}")
 
