@@ -84,8 +84,12 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
         if infer_type(conjunct, schema) != BOOLEAN:
             raise UnsupportedSQL(f"a join condition must be boolean: {conjunct.sql('postgres')!r}")
     outputs = _outputs(select, qualified, inputs)
+    event_time, time_input, time_column = _event_time(outputs, inputs, preserved)
+    if event_time == naming.HIDDEN_EVENT_TIME:  # archived for streams built on it, not shown
+        joined = naming.join_column(inputs[time_input].alias, time_column)
+        outputs.append((event_time, exp.column(joined, quoted=True)))
     columns = tuple(ColumnSpec(n, infer_type(e, schema)) for n, e in outputs)
-    event_time, time_input, time_column = _event_time(outputs, inputs)
+    shown = tuple(c for c in columns if c.name != naming.HIDDEN_EVENT_TIME)
     owners = {column: k for k, entry in enumerate(inputs) for column in entry.schema()}
     planned_inputs = tuple(
         JoinInput(
@@ -100,7 +104,7 @@ def build_join(name: str, select: exp.Select, streams: Mapping[str, StreamPlan])
     )
     links = tuple(link for c in conjuncts for link in _links(c, inputs, owners))
     archive = table(naming.join_archive_table(name))
-    view = _view(name, columns, outputs, matching, filtering, inputs, preserved)
+    view = _view(name, shown, outputs, matching, filtering, inputs, preserved)
     return JoinStreamPlan(
         name=name,
         columns=columns,
@@ -323,8 +327,13 @@ def _outputs(
     return outputs
 
 
-def _event_time(outputs: list[tuple[str, exp.Expr]], inputs: list[_Input]) -> tuple[str, int, str]:
-    """(output column, input position, the input's column) of the join's event time."""
+def _event_time(
+    outputs: list[tuple[str, exp.Expr]], inputs: list[_Input], preserved: tuple[int, ...]
+) -> tuple[str, int, str]:
+    """(output column, input position, the input's column) of the join's event time: the
+    first selected column that is an input's event time or window bound; for an inner join
+    that selects none, the first input's event time, archived as naming.HIDDEN_EVENT_TIME
+    and not shown (Nexmark q3)."""
     times: dict[str, tuple[int, str]] = {}
     for position, entry in enumerate(inputs):
         columns = [entry.source.event_time]
@@ -335,9 +344,12 @@ def _event_time(outputs: list[tuple[str, exp.Expr]], inputs: list[_Input]) -> tu
     for name, expression in outputs:
         if isinstance(expression, exp.Column) and expression.name in times:
             return (name, *times[expression.name])
+    if not preserved:
+        return naming.HIDDEN_EVENT_TIME, 0, inputs[0].source.event_time
     raise UnsupportedSQL(
-        "a join stream keeps an event time, so that windows can be built on it: select the "
-        "event-time column of one input (e.g. a.t) or the window_start of a windowed input"
+        "an outer join stream keeps the event time of its preserved input, so that windows "
+        "can be built on it: select the event-time column of one input (e.g. a.t) or the "
+        "window_start of a windowed input"
     )
 
 

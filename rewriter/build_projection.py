@@ -2,9 +2,11 @@
 
 Every branch is ``SELECT expressions FROM raw_stream [WHERE conditions]``; branches of a
 UNION ALL have the same column names and types. The stream keeps its sources' event time:
-one output column must be, in every branch, the source's event-time column itself. It is a
-view over the raw views in PostgreSQL; a windowed aggregate over it runs, per run of each
-source, over that source's branch (Spark SQL over the run's rows).
+the output column that is, in every branch, the source's event-time column itself, or,
+when no branch selects it (Nexmark q2: ``SELECT auction, price FROM bid WHERE ...``), a
+column of its own (naming.HIDDEN_EVENT_TIME) that the branches compute and the view does
+not show. It is a view over the raw views in PostgreSQL; a windowed aggregate over it
+runs, per run of each source, over that source's branch (Spark SQL over the run's rows).
 """
 
 from __future__ import annotations
@@ -90,6 +92,15 @@ def build_projection(
             spark_items.append(exp.alias_(to_spark(expression, schema), column, quoted=True))
             if isinstance(expression, exp.Column) and expression.name == source.event_time:
                 branch_event_time = column
+        if branch_event_time is None:
+            # Not selected: kept for the streams built on this one, out of its view.
+            branch_event_time = naming.HIDDEN_EVENT_TIME
+            branch_columns.append(ColumnSpec(branch_event_time, schema[source.event_time]))
+            spark_items.append(
+                exp.alias_(
+                    exp.column(source.event_time, quoted=True), branch_event_time, quoted=True
+                )
+            )
         if columns is None:
             columns, event_time = branch_columns, branch_event_time
         elif branch_columns != columns:
@@ -98,7 +109,10 @@ def build_projection(
                 f"{_describe(columns)} vs {_describe(branch_columns)}"
             )
         elif branch_event_time != event_time:
-            event_time = None
+            raise UnsupportedSQL(
+                "the branches of a UNION ALL keep their sources' event time: select each "
+                "source's event-time column under the same name in every branch, or in none"
+            )
         spark = exp.select(*spark_items, exp.column(naming.RUN_COLUMN, quoted=True)).from_(
             exp.table_(naming.RUN_ROWS_VIEW)
         )
@@ -110,12 +124,7 @@ def build_projection(
                 )
             spark = spark.where(to_spark(where.this, schema))
         planned.append(ProjectionBranch(source.name, spark.sql("spark")))
-    assert columns is not None
-    if event_time is None:
-        raise UnsupportedSQL(
-            "a stream without aggregates keeps its sources' event time: select the event-time "
-            "column of every source, under the same name"
-        )
+    assert columns is not None and event_time is not None
     view = _view(query)
     return ProjectionStreamPlan(
         name=name,

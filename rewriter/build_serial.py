@@ -18,7 +18,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_index, create_view, drop, table
-from rewriter.derived_select import output_name
+from rewriter.derived_select import check_shown_time, output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import (
     OutputColumn,
@@ -94,6 +94,7 @@ def build_serial(
 ) -> SerialAggregatePlan:
     if window.is_hop:
         raise UnsupportedSQL(f"HOP windows are not supported in a serial stream ({reason})")
+    check_shown_time(window.source.name, window.time_column, f"a serial stream ({reason})")
     if not _groups_by_window(select):
         raise UnsupportedSQL(
             f"a serial stream ({reason}) must GROUP BY its window (window_start or window_end)"

@@ -23,7 +23,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import check_clauses, output_name
+from rewriter.derived_select import check_clauses, check_shown_time, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type
 from rewriter.parse_stream import SESSION_CALL
@@ -77,6 +77,7 @@ def build_session(
             f"aggregate stream {source.name!r}"
         )
     time_column = args[1].name
+    check_shown_time(source.name, source.event_time, "a session window")
     if time_column != source.event_time:
         raise UnsupportedSQL(
             f"SESSION windows over the event-time column of {source.name!r}, "

@@ -22,7 +22,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import column_names, output_names
+from rewriter.derived_select import check_shown_time, column_names, output_names
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     JoinStreamPlan,
@@ -158,6 +158,7 @@ def _rows(item: exp.Expr, source: StreamPlan) -> exp.Expr:
         or not isinstance(source, RawStreamPlan | ProjectionStreamPlan | JoinStreamPlan)
     ):
         raise UnsupportedSQL(f"a top-N stream ranks a stream of rows, or its rows in {WINDOW_FORM}")
+    check_shown_time(source.name, source.event_time, "a top-N over TUMBLE")
     if isinstance(source, WindowedAggregatePlan) or args[1].name != source.event_time:
         raise UnsupportedSQL(
             f"TUMBLE windows over the event-time column of {source.name!r}, {source.event_time!r}"

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from rewriter import naming
 from rewriter.errors import UnsupportedSQL
-from rewriter.plan import StreamPlan, WindowedAggregatePlan
+from rewriter.plan import (
+    JoinStreamPlan,
+    ProjectionStreamPlan,
+    StreamPlan,
+    WindowedAggregatePlan,
+)
 
 _UNSUPPORTED_CLAUSES = {
     "distinct": "SELECT DISTINCT",
@@ -57,6 +63,8 @@ def column_names(plan: StreamPlan) -> list[str]:
     """The columns of a stream's view, in order."""
     if isinstance(plan, WindowedAggregatePlan):
         return [o.name for o in plan.outputs]
+    if isinstance(plan, ProjectionStreamPlan | JoinStreamPlan):
+        return [c.name for c in plan.shown]
     return [c.name for c in plan.columns]
 
 
@@ -71,3 +79,14 @@ def output_names(select: exp.Select, star: list[str]) -> list[str]:
         else:
             names.append(output_name(item))
     return names
+
+
+def check_shown_time(source: str, time_column: str, what: str) -> None:
+    """``what`` reads ``source``'s view by its event time: refused when ``source`` keeps
+    its event time out of its view (it does not select it)."""
+    if time_column == naming.HIDDEN_EVENT_TIME:
+        raise UnsupportedSQL(
+            f"{what} reads the event time of {source!r} from its view, and {source!r} does "
+            "not select its source's event-time column: select it in that stream, then "
+            "build on it"
+        )

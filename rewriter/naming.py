@@ -22,6 +22,9 @@ CATALOG_SCHEMA = "strata_catalog"
 
 # Column holding the run (or reduced set) a partial row or raw row came from.
 RUN_COLUMN = "strata_run"
+# A stream of rows that does not select its source's event time keeps it under this name,
+# for the streams built on it, without showing it in its view.
+HIDDEN_EVENT_TIME = "strata_event_time"
 # The run number of partial rows the reducer folded together (runs start at 1).
 REDUCED_RUN = 0
 WINDOW_START_COLUMN = "window_start"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
+from rewriter import naming
 from rewriter.types import ColumnSpec
 
 
@@ -173,12 +174,17 @@ class ProjectionStreamPlan:
     parallelism_reason: ClassVar[str] = "no aggregates: each source's runs are mapped row by row"
 
     name: str
-    columns: tuple[ColumnSpec, ...]
+    columns: tuple[ColumnSpec, ...]  # the rows' columns, naming.HIDDEN_EVENT_TIME included
     event_time: str
     branches: tuple[ProjectionBranch, ...]
     create_statements: tuple[str, ...]
     drop_statements: tuple[str, ...]
     view_query: str
+
+    @property
+    def shown(self) -> tuple[ColumnSpec, ...]:
+        """The view's columns: all but an event time the query does not select."""
+        return tuple(c for c in self.columns if c.name != naming.HIDDEN_EVENT_TIME)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
@@ -254,7 +260,9 @@ class JoinStreamPlan:
     )
 
     name: str
-    columns: tuple[ColumnSpec, ...]  # the SELECT list, as archived and shown by the view
+    # the SELECT list as archived (naming.HIDDEN_EVENT_TIME last when it selects no event
+    # time); the view shows ``shown``
+    columns: tuple[ColumnSpec, ...]
     event_time: str
     inputs: tuple[JoinInput, ...]
     links: tuple[ProbeLink, ...]
@@ -272,6 +280,11 @@ class JoinStreamPlan:
     # event-time column, or window_start/window_end of a windowed input).
     event_time_input: int = 0
     event_time_column: str = ""
+
+    @property
+    def shown(self) -> tuple[ColumnSpec, ...]:
+        """The view's columns: all but an event time the query does not select."""
+        return tuple(c for c in self.columns if c.name != naming.HIDDEN_EVENT_TIME)
 
     @property
     def raw_sources(self) -> tuple[str, ...]:

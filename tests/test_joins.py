@@ -402,7 +402,15 @@ def test_refusals_name_the_construct(module_strata: Strata) -> None:
     )
     assert "USING" in refused(f"SELECT a.k, a.t FROM s1_{n} a JOIN s2_{n} b USING (k)")
     assert "ambiguous" in refused(f"SELECT k, a.t {both.format('')}")
-    assert "event time" in refused(f"SELECT a.k, b.x {both.format('')}")
+    # An inner join keeps its first input's event time unshown when it selects none (q3);
+    # an outer join must select its preserved input's.
+    quiet = strata.create(f"CREATE STREAM quiet_{n} AS SELECT a.k, b.x {both.format('')}")
+    assert [c["name"] for c in quiet["columns"]] == ["k", "x"]  # type: ignore[index]
+    assert "event time" in refused(f"SELECT a.k, b.x {both.format('LEFT')}")
+    assert "does not select" in refused(
+        f"SELECT k, count(*) AS n, window_start FROM SESSION(quiet_{n}, t, "
+        "INTERVAL '1 hour') GROUP BY k, window_start"
+    )
     running = strata.create(
         f"CREATE STREAM running_{n} AS SELECT a.k, count(*) {both.format('')} GROUP BY a.k"
     )

@@ -45,7 +45,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         return base | {
             "sources": list(plan.raw_sources),
             "raw_sources": list(plan.raw_sources),
-            "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
+            "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.shown],
             "event_time": plan.event_time,
             "parallelism": plan.parallelism.value,
             "parallelism_reason": plan.parallelism_reason,
@@ -128,7 +128,7 @@ def _join(plan: JoinStreamPlan) -> dict[str, object]:
     return {
         "sources": list(plan.raw_sources),
         "raw_sources": list(plan.raw_sources),
-        "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.columns],
+        "columns": [{"name": c.name, "type": c.type.pg()} for c in plan.shown],
         "event_time": plan.event_time,
         "parallelism": plan.parallelism.value,
         "parallelism_reason": plan.parallelism_reason,
