@@ -18,7 +18,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
-from rewriter.functions import FUNCTIONS, UNSUPPORTED_HINTS, Call, Refused, arguments
+from rewriter.functions import Call, Refused, arguments, function_for
 from rewriter.types import INTEGER_DIGITS, SqlType, promote, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
@@ -31,7 +31,9 @@ SUPPORTED_EXPRESSIONS = (
     "power(), mod(), greatest(), least(), nullif(), length(), replace(), strpos(), position(), "
     "left(), right(), substring(), split_part(), trim()/btrim()/ltrim()/rtrim(), concat(), "
     "reverse(), repeat(), lpad(), rpad(), starts_with(), date_trunc(unit, ts, 'UTC'), "
-    "extract(field FROM ts AT TIME ZONE 'UTC'), extract(epoch FROM ts), "
+    "extract(field FROM ts AT TIME ZONE 'UTC'), extract(epoch FROM ts), date_part(), "
+    "to_char(ts AT TIME ZONE 'UTC', pattern), ~, !~, substring(x FROM pattern), "
+    "(regexp_match(x, pattern))[n], regexp_replace(x, pattern, text, 'g'), ILIKE, "
     "ts AT TIME ZONE 'UTC', timestamptz + or - a fixed INTERVAL"
 )
 
@@ -56,6 +58,34 @@ def conjuncts(*conditions: exp.Expr | None) -> list[exp.Expr]:
 def _position(node: exp.Expr) -> str:
     sql = node.sql("postgres")
     return sql if len(sql) <= 60 else sql[:57] + "..."
+
+
+# Constructs sqlglot parses into nodes whose class names are not what the user wrote.
+_CONSTRUCTS: dict[type[exp.Expr], str] = {
+    exp.Window: "a window function (OVER)",
+    exp.Subquery: "a subquery",
+    exp.Exists: "EXISTS (subquery)",
+    exp.RegexpILike: "~* (case-insensitive regular expression match)",
+    exp.SimilarTo: "SIMILAR TO",
+    exp.Array: "an ARRAY",
+    exp.Interval: "an INTERVAL here",
+    exp.Placeholder: "a parameter placeholder",
+    exp.Star: "*",
+}
+
+
+def construct_name(node: exp.Expr) -> str:
+    """What the user wrote, named in SQL's words (not the parser's class names)."""
+    if isinstance(node, exp.Anonymous):
+        return f"{node.name}()"
+    named = next((n for cls, n in _CONSTRUCTS.items() if isinstance(node, cls)), None)
+    if named is not None:
+        return named
+    if isinstance(node, exp.Func):
+        head = node.sql("postgres").split("(", 1)[0].strip()
+        if head.replace("_", "").isalnum():
+            return f"{head.lower()}()"
+    return "this expression"
 
 
 def unsupported(node: exp.Expr, what: str) -> UnsupportedSQL:
@@ -172,7 +202,7 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
         if node.args.get("default") is not None:
             results.append(node.args["default"])
         return _common(node, results, schema)
-    entry = FUNCTIONS.get(type(node))
+    entry = function_for(node)
     if entry is not None:
         args = arguments(node, entry)
         types = [None if a is None else infer_type(a, schema) for a in args]
@@ -180,10 +210,7 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
             return entry.result(Call(node, args, types, []))
         except Refused as refused:
             raise unsupported(node, str(refused)) from None
-    if isinstance(node, exp.Anonymous):
-        hint = UNSUPPORTED_HINTS.get(node.name.lower(), "")
-        raise unsupported(node, f"{node.name}() is not supported{hint}")
-    raise unsupported(node, f"{type(node).__name__.lower()} is not supported")
+    raise unsupported(node, f"{construct_name(node)} is not supported")
 
 
 def _cast_to_text(node: exp.Expr, inner: SqlType) -> SqlType:
@@ -280,7 +307,7 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         # PostgreSQL; Spark would read 2.5e3 as a double: write it out as an exact decimal.
         plain, precision, scale = _decimal_literal(node.this)
         return exp.cast(exp.Literal.number(plain), f"decimal({precision},{scale})")
-    entry = FUNCTIONS.get(type(node))
+    entry = function_for(node)
     if entry is not None:
         args = arguments(node, entry)
         return entry.translate(

@@ -10,11 +10,13 @@ table; tests/test_differential.py checks every entry against both engines.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
 
+from rewriter.text_patterns import PatternRefused, Regex, regex, replacement, to_char
 from rewriter.types import INTEGER_DIGITS, SqlType, promote
 
 TEXT = SqlType("text")
@@ -24,6 +26,7 @@ DOUBLE = SqlType("double precision")
 NUMERIC = SqlType("numeric")
 TIMESTAMPTZ = SqlType("timestamptz")
 TIMESTAMP = SqlType("timestamp")
+DATE = SqlType("date")
 
 
 class Refused(Exception):
@@ -57,6 +60,8 @@ class Function:
     slots: tuple[str, ...]  # the node's argument keys, in PostgreSQL's order; "*" = a list
     result: Callable[[Call], SqlType]
     translate: Callable[[Call], exp.Expr]
+    # For a node whose arguments are not its own slots (a subscript of a call): them.
+    unpack: Callable[[exp.Expr], list[exp.Expr | None]] | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -113,7 +118,8 @@ def _int4s(call: Call, *slots: int) -> None:
 
 
 def _name(call: Call) -> str:
-    return FUNCTIONS[type(call.node)].name
+    entry = function_for(call.node)
+    return entry.name if entry is not None else call.node.sql("postgres")
 
 
 def _number(call: Call) -> SqlType:
@@ -358,7 +364,23 @@ def _right(call: Call) -> exp.Expr:
     return _null_on_null(call, _f("substring", text, start))
 
 
+def _substring_type(call: Call) -> SqlType:
+    if call.types[1] == TEXT:  # substring(x FROM 'pattern'): a regular expression
+        _texts(call, 0)
+        if call.args[2] is not None:
+            raise Refused(
+                "substring(x FROM pattern FOR escape) (SQL regular expressions) is not "
+                "supported; write substring(x FROM 'posix pattern')"
+            )
+        _regex(call, 1, extracting=True)
+        return TEXT
+    return _text_result(0, ints=(1, 2))(call)
+
+
 def _substring(call: Call) -> exp.Expr:
+    if call.types[1] == TEXT:
+        # The first capture group's text (the whole match without one); NULL if no match.
+        return _extracted(call.arg(0), _regex(call, 1, extracting=True), 1)
     # PostgreSQL: characters at positions start .. start+count-1 that exist (positions
     # below 1 just shorten the result); Spark counts negative positions from the end.
     text, start = call.arg(0), call.arg(1)
@@ -434,18 +456,130 @@ def _like_type(call: Call) -> SqlType:
     return BOOLEAN
 
 
-def _ilike_type(call: Call) -> SqlType:
-    raise Refused(
-        "ILIKE is not supported (the engines fold the case of non-ASCII letters "
-        "differently); write lower(x) LIKE 'pattern' with a lower-case pattern"
+def _like(call: Call) -> exp.Expr:
+    # Both engines escape with a backslash by default, match _ to one character and %
+    # to any run of them (newlines included). ILIKE folds ASCII letters only, as
+    # PostgreSQL does under the archives' "C" collation.
+    text, pattern = call.arg(0), call.arg(1)
+    if isinstance(call.node, exp.ILike):
+        text, pattern = ascii_lower(text), ascii_lower(pattern)
+    like = exp.Like(this=text, expression=pattern)
+    return exp.Not(this=like) if call.node.args.get("negate") else like
+
+
+def ascii_lower(value: exp.Expr) -> exp.Expr:
+    """Spark's lower() of ASCII letters only (PostgreSQL's under the "C" collation)."""
+    return _f("translate", value, _s(string.ascii_uppercase), _s(string.ascii_lowercase))
+
+
+# ---------------------------------------------------------------------------------------
+# Regular expressions (rewriter.text_patterns: the subset both engines read alike).
+# ---------------------------------------------------------------------------------------
+
+
+def _regex(call: Call, slot: int, *, extracting: bool) -> Regex:
+    pattern = call.args[slot]
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        raise Refused(f"{_name(call)}() takes a string literal as its pattern")
+    try:
+        return regex(pattern.this, extracting=extracting)
+    except PatternRefused as refused:
+        raise Refused(f"{_name(call)}(): {refused}") from None
+
+
+def _extracted(text: exp.Expr, pattern: Regex, group: int) -> exp.Expr:
+    """Capture group ``group`` (the whole match when the pattern has none) of the first
+    match, NULL when nothing matches (Spark's regexp_extract gives '')."""
+    java = _s(pattern.java)
+    return exp.If(
+        this=exp.RegexpLike(this=text, expression=java),
+        true=_f("regexp_extract", text.copy(), java.copy(), _n(group if pattern.groups else 0)),
+        false=exp.Null(),
     )
 
 
-def _like(call: Call) -> exp.Expr:
-    # Both engines escape with a backslash by default, match _ to one character and %
-    # to any run of them (newlines included).
-    like = exp.Like(this=call.arg(0), expression=call.arg(1))
-    return exp.Not(this=like) if call.node.args.get("negate") else like
+def _matches_type(call: Call) -> SqlType:
+    _texts(call, 0)
+    _regex(call, 1, extracting=False)
+    return BOOLEAN
+
+
+def _matches(call: Call) -> exp.Expr:
+    java = _regex(call, 1, extracting=False).java
+    return exp.RegexpLike(this=call.arg(0), expression=_s(java))
+
+
+def _replace_type(call: Call) -> SqlType:
+    _texts(call, 0, 2)
+    _regex(call, 1, extracting=True)
+    flags = call.args[3]
+    if not (isinstance(flags, exp.Literal) and flags.this == "g"):
+        raise Refused(
+            "regexp_replace() is supported with the flag 'g' (every match): "
+            "regexp_replace(x, pattern, replacement, 'g')"
+        )
+    if not (isinstance(call.args[2], exp.Literal) and call.args[2].is_string):
+        raise Refused("regexp_replace() takes a string literal as its replacement")
+    return TEXT
+
+
+def _replace(call: Call) -> exp.Expr:
+    pattern = _regex(call, 1, extracting=True)
+    template = call.args[2]
+    assert isinstance(template, exp.Literal)
+    return _f("regexp_replace", call.arg(0), _s(pattern.java), _s(replacement(template.this)))
+
+
+def _match_at(node: exp.Expr) -> list[exp.Expr | None]:
+    """(regexp_match(x, pattern))[n]: x, pattern and n (nothing for other subscripts)."""
+    if not isinstance(node, exp.Bracket):
+        return []
+    call = node.this.unnest()
+    if (
+        isinstance(call, exp.Anonymous)
+        and call.name.lower() == "regexp_match"
+        and len(call.expressions) == 2
+        and len(node.expressions) == 1
+    ):
+        return [call.expressions[0], call.expressions[1], node.expressions[0]]
+    return []
+
+
+def _match_at_type(call: Call) -> SqlType:
+    if not call.args:
+        raise Refused(
+            f"the subscript {call.node.sql('postgres')} is not supported; subscripts are "
+            "supported on regexp_match(x, pattern) only: (regexp_match(x, pattern))[n]"
+        )
+    _texts(call, 0)
+    pattern = _regex(call, 1, extracting=True)
+    n = _subscript(call)
+    if n is None or not 1 <= n <= max(pattern.groups, 1):
+        raise Refused(
+            f"(regexp_match(x, pattern))[n] takes n from 1 to {max(pattern.groups, 1)} "
+            "(the pattern's capture groups) as a literal"
+        )
+    return TEXT
+
+
+def _match_at_spark(call: Call) -> exp.Expr:
+    pattern = _regex(call, 1, extracting=True)
+    n = _subscript(call)
+    assert n is not None
+    return _extracted(call.arg(0), pattern, n)
+
+
+def _subscript(call: Call) -> int | None:
+    """The subscript as written (sqlglot keeps PostgreSQL's 1-based literals 0-based)."""
+    stored = _int_literal(call.args[2])
+    return None if stored is None else stored + 1
+
+
+def _regexp_match_type(call: Call) -> SqlType:
+    raise Refused(
+        "regexp_match() returns an array: take one group, (regexp_match(x, pattern))[n], or "
+        "write substring(x FROM pattern)"
+    )
 
 
 def _in_type(call: Call) -> SqlType:
@@ -468,7 +602,9 @@ def _in(call: Call) -> exp.Expr:
 def _same_node(call: Call) -> exp.Expr:
     """The call as written, over translated arguments (the engines agree on it)."""
     copy = call.node.copy()
-    for slot, value in zip(FUNCTIONS[type(call.node)].slots, call.spark, strict=False):
+    entry = function_for(call.node)
+    assert entry is not None
+    for slot, value in zip(entry.slots, call.spark, strict=False):
         if value is not None and not slot.startswith("*"):
             copy.set(slot, value)
     return copy
@@ -647,6 +783,75 @@ def _extract(call: Call) -> exp.Expr:
     return _decimal(part, "decimal(10,0)")
 
 
+def _to_char_type(call: Call) -> SqlType:
+    if len(call.args) != 2:
+        raise Refused(
+            "to_char() takes a value and a pattern: to_char(ts AT TIME ZONE 'UTC', 'YYYY')"
+        )
+    value = call.type(0)
+    if value == TIMESTAMPTZ:
+        raise Refused(
+            "to_char() of a timestamptz depends on PostgreSQL's session time zone; write "
+            "to_char(ts AT TIME ZONE 'UTC', pattern)"
+        )
+    if value not in (TIMESTAMP, DATE):
+        raise Refused(f"to_char() takes a timestamp or a date here, not {value.pg()}")
+    _to_char_pattern(call)
+    return TEXT
+
+
+def _to_char_pattern(call: Call) -> str:
+    pattern = call.args[1]
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        raise Refused("to_char() takes a string literal as its pattern")
+    try:
+        to_char(exp.column("x"), pattern.this)
+    except PatternRefused as refused:
+        raise Refused(str(refused)) from None
+    return str(pattern.this)
+
+
+def _to_char(call: Call) -> exp.Expr:
+    value = call.arg(0)
+    return exp.If(
+        this=exp.Is(this=value, expression=exp.Null()),
+        true=exp.Null(),
+        false=to_char(value.copy(), _to_char_pattern(call)),
+    )
+
+
+def _as_extract(call: Call) -> Call:
+    """date_part('field', x) as the call extract(field FROM x)."""
+    field = call.args[0] if call.args else None
+    if len(call.args) != 2 or not (isinstance(field, exp.Literal) and field.is_string):
+        raise Refused("date_part() takes a field name literal and a value: date_part('hour', x)")
+    node = exp.Extract(this=exp.var(field.this.upper()), expression=call.args[1])
+    return Call(node, call.args[1:], call.types[1:], call.spark[1:])
+
+
+def _date_part_type(call: Call) -> SqlType:
+    _extract_type(_as_extract(call))
+    return DOUBLE
+
+
+def _date_part(call: Call) -> exp.Expr:
+    # PostgreSQL computes seconds as whole seconds + microseconds / 1e6 in double
+    # precision (two roundings), the other fields exactly, rounded once to double.
+    extract = _as_extract(call)
+    name = _extract_field(extract)
+    if name in ("SECOND", "MILLISECONDS"):
+        seconds = exp.Extract(this=exp.var("SECOND"), expression=extract.arg(0))
+        whole = _f("floor", seconds)
+        fraction = exp.paren(exp.Sub(this=seconds.copy(), expression=whole))
+        micros = exp.Mul(this=fraction, expression=_n(10**6))
+        scale = 1 if name == "SECOND" else 1000
+        return exp.Add(
+            this=exp.Mul(this=_double(whole.copy()), expression=_double(_n(scale))),
+            expression=exp.Div(this=_double(micros), expression=_double(_n(10**6 // scale))),
+        )
+    return _double(_extract(extract))
+
+
 FUNCTIONS: dict[type[exp.Expr], Function] = {
     exp.Round: Function("round", ("this", "decimals"), _round_type, _round),
     exp.Floor: Function("floor", ("this",), _float_or_numeric, _floor_or_ceil(up=False)),
@@ -669,9 +874,7 @@ FUNCTIONS: dict[type[exp.Expr], Function] = {
     ),
     exp.Left: Function("left", ("this", "expression"), _text_result(0, ints=(1,)), _left),
     exp.Right: Function("right", ("this", "expression"), _text_result(0, ints=(1,)), _right),
-    exp.Substring: Function(
-        "substring", ("this", "start", "length"), _text_result(0, ints=(1, 2)), _substring
-    ),
+    exp.Substring: Function("substring", ("this", "start", "length"), _substring_type, _substring),
     exp.SplitPart: Function(
         "split_part",
         ("this", "delimiter", "part_index"),
@@ -692,7 +895,15 @@ FUNCTIONS: dict[type[exp.Expr], Function] = {
         lambda c: _f("startswith", c.arg(0), c.arg(1)),
     ),
     exp.Like: Function("LIKE", ("this", "expression"), _like_type, _like),
-    exp.ILike: Function("ILIKE", ("this", "expression"), _ilike_type, _like),
+    exp.ILike: Function("ILIKE", ("this", "expression"), _like_type, _like),
+    exp.RegexpLike: Function("~", ("this", "expression"), _matches_type, _matches),
+    exp.RegexpReplace: Function(
+        "regexp_replace",
+        ("this", "expression", "replacement", "modifiers"),
+        _replace_type,
+        _replace,
+    ),
+    exp.Bracket: Function("regexp_match", (), _match_at_type, _match_at_spark, _match_at),
     exp.In: Function("IN", ("this", "*expressions"), _in_type, _in),
     exp.TimestampTrunc: Function("date_trunc", ("this",), _date_trunc_type, _date_trunc),
     exp.Extract: Function("extract", ("expression",), _extract_type, _extract),
@@ -700,18 +911,26 @@ FUNCTIONS: dict[type[exp.Expr], Function] = {
 }
 
 
-# Functions the table leaves out, and what to write instead.
-UNSUPPORTED_HINTS = {
-    "date_part": (
-        " (PostgreSQL computes it in double precision); write extract(field FROM x), "
-        "which returns numeric"
-    ),
-    "to_char": "; format the value after reading it",
+# Calls sqlglot parses as calls of an unknown name (rewriter.parse_stream keeps to_char and
+# date_part so), by that name.
+NAMED: dict[str, Function] = {
+    "to_char": Function("to_char", ("*expressions",), _to_char_type, _to_char),
+    "date_part": Function("date_part", ("*expressions",), _date_part_type, _date_part),
+    "regexp_match": Function("regexp_match", ("*expressions",), _regexp_match_type, _same_node),
 }
+
+
+def function_for(node: exp.Expr) -> Function | None:
+    """The table's entry for ``node``, None if the table has none."""
+    if isinstance(node, exp.Anonymous):
+        return NAMED.get(node.name.lower())
+    return FUNCTIONS.get(type(node))
 
 
 def arguments(node: exp.Expr, entry: Function) -> list[exp.Expr | None]:
     """The call's arguments in the entry's slot order (absent optional ones as None)."""
+    if entry.unpack is not None:
+        return entry.unpack(node)
     found: list[exp.Expr | None] = []
     for slot in entry.slots:
         if slot.startswith("*"):

@@ -164,6 +164,13 @@ class _StreamParser(PostgresParser):
     """PostgreSQL's parser, except that what it cannot read is a syntax error there, not an
     opaque command (sqlglot's fallback for statements it half understands)."""
 
+    # sqlglot turns to_char() into strftime's terms, losing the pattern as written: keep
+    # it a call of its own (typed and translated by rewriter.functions).
+    FUNCTIONS = {
+        **PostgresParser.FUNCTIONS,
+        "TO_CHAR": lambda args: exp.Anonymous(this="to_char", expressions=args),
+    }
+
     def _parse_as_command(self, start: Token) -> exp.Command:
         self.raise_error("not expected here", self._curr or self._prev)
         return super()._parse_as_command(start)
@@ -177,6 +184,14 @@ class _StreamParser(PostgresParser):
         return exp.Anonymous(
             this="date_part", expressions=[exp.Literal.string(field), extract.expression]
         )
+
+
+def parse_expression(text: str) -> exp.Expr:
+    """A PostgreSQL expression, read as statements read it (to_char, date_part kept)."""
+    dialect = Postgres()
+    select = _StreamParser(dialect=dialect).parse(dialect.tokenize(f"SELECT {text}"), text)[0]
+    assert isinstance(select, exp.Select)
+    return select.expressions[0]
 
 
 def _parse(text: str, sql: str) -> exp.Expr | None:

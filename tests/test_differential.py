@@ -31,6 +31,7 @@ from rewriter import ParallelAggregatePlan, RawStreamPlan, rewrite
 from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import to_spark
 from rewriter.naming import RUN_COLUMN, partial_archive_table, raw_archive_table
+from rewriter.parse_stream import parse_expression
 from rewriter.registry import REGISTRY, rule_for
 from rewriter.types import SqlType
 from rewriter.window_forms import window_start_spark
@@ -698,6 +699,51 @@ EXPRESSIONS: list[str] = [
     "extract('day' FROM t AT TIME ZONE 'UTC')",
     "extract(epoch FROM t)",
     "extract(year FROM CAST(ts AT TIME ZONE 'UTC' AS date))",
+    # date_part: extract in double precision
+    "date_part('hour', ts AT TIME ZONE 'UTC')",
+    "date_part('second', ts AT TIME ZONE 'UTC')",
+    "date_part('milliseconds', ts AT TIME ZONE 'UTC')",
+    "date_part('microseconds', ts AT TIME ZONE 'UTC')",
+    "date_part('epoch', ts)",
+    "date_part('epoch', ts AT TIME ZONE 'UTC')",
+    "date_part('dow', CAST(ts AT TIME ZONE 'UTC' AS date))",
+    "date_part('year', t AT TIME ZONE 'UTC')",
+    # to_char of a timestamp (UTC wall clock) or a date
+    "to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+    "to_char(ts AT TIME ZONE 'UTC', 'HH24:MI')",
+    "to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')",
+    "to_char(ts AT TIME ZONE 'UTC', 'YY/MM/DD HH12 AM US')",
+    "to_char(ts AT TIME ZONE 'UTC', 'Mon MON mon Dy DY dy')",
+    "to_char(ts AT TIME ZONE 'UTC', 'Month|Day|MONTH|day|')",
+    "to_char(ts AT TIME ZONE 'UTC', 'FMMonth FMDay FMDD FMMM FMHH24 FMMI FMSS')",
+    "to_char(ts AT TIME ZONE 'UTC', 'D DDD Q PM hh12 mi ss')",
+    "to_char(t AT TIME ZONE 'UTC', '\"week of\" YYYY-MM-DD\"T\"HH24')",
+    "to_char(CAST(ts AT TIME ZONE 'UTC' AS date), 'YYYY/MM/DD Dy HH24')",
+    # regular expressions
+    "substring(txt FROM 'b(.)')",
+    "substring(txt FROM '[a-z]+')",
+    "substring(txt FROM '^(.)')",
+    "substring(txt FROM 'c$')",
+    "substring(txt FROM '(?:[A-Z]b)')",
+    "substring(txt FROM '\\s(\\w+)')",
+    "substring(g FROM '(a)')",
+    "(regexp_match(txt, '([A-Za-z])([a-z]*)'))[2]",
+    "(regexp_match(txt, '([A-Za-z])([a-z]*)'))[1]",
+    "(regexp_match(txt, 'b.'))[1]",
+    "txt ~ 'b|z'",
+    "txt ~ '^[A-Z]'",
+    "txt ~ 'c$'",
+    "txt !~ 'c'",
+    "txt ~ 'a.*?c'",
+    "regexp_replace(txt, '[a-c]', 'x', 'g')",
+    "regexp_replace(txt, '(b)(c)', '\\2\\1', 'g')",
+    "regexp_replace(txt, 'b', '$&\\&', 'g')",
+    "regexp_replace(txt, '\\s', '', 'g')",
+    # ILIKE folds ASCII letters only (the "C" collation)
+    "txt ILIKE 'a%'",
+    "txt ILIKE '%C%'",
+    "txt ILIKE 'äbc'",
+    "txt NOT ILIKE 'ABC'",
     "extract(dow FROM CAST(ts AT TIME ZONE 'UTC' AS date))",
     "extract(week FROM CAST(t AT TIME ZONE 'UTC' AS date))",
     "extract(epoch FROM CAST(ts AT TIME ZONE 'UTC' AS date))",
@@ -717,7 +763,7 @@ KNOWN_DIVERGENCES: dict[str, str] = {}
 
 
 def _spark_sql(expression: str) -> str:
-    return to_spark(sqlglot.parse_one(expression, read="postgres"), SCHEMA).sql("spark")
+    return to_spark(parse_expression(expression), SCHEMA).sql("spark")
 
 
 @dataclass
@@ -928,7 +974,26 @@ REFUSED: list[tuple[str, str]] = [
     ("substring(txt, 1.5)", "substring() takes an integer"),
     ("repeat(txt, b)", "repeat() takes an integer"),
     ("concat(txt, f)", "concat() takes text and integers"),
-    ("txt ILIKE 'a%'", "ILIKE is not supported"),
+    ("to_char(ts, 'YYYY')", "to_char(ts AT TIME ZONE 'UTC', pattern)"),
+    ("to_char(ts AT TIME ZONE 'UTC', 'YYYY WW')", "field 'WW'"),
+    ("to_char(i, '999')", "to_char() takes a timestamp or a date"),
+    ("substring(txt FROM 'a|b')", "alternation"),
+    ("substring(txt FROM '(a)?')", "quantified group"),
+    ("substring(txt FROM 'a+?')", "lazy quantifier"),
+    ("substring(txt FROM '[[:alpha:]]')", "[:alpha:]"),
+    ("substring(txt FROM 'x' FOR '#')", "SQL regular expressions"),
+    ("txt ~ '\\mabc'", "escape \\m"),
+    ("txt ~ '(a)\\1'", "back references"),
+    ("txt ~ '(?i)a'", "(?i"),
+    ("txt ~* 'a'", "~* (case-insensitive"),
+    ("txt ~ g", "string literal"),
+    ("regexp_replace(txt, 'a', 'b')", "flag 'g'"),
+    ("regexp_match(txt, 'a')", "returns an array"),
+    ("(regexp_match(txt, '(a)'))[2]", "from 1 to 1"),
+    ("txt[1]", "the subscript"),
+    ("foo(txt)", "foo() is not supported"),
+    ("date_part('century', ts AT TIME ZONE 'UTC')", "field 'century'"),
+    ("date_part('hour', ts)", "session time zone"),
     ("txt LIKE g", "string literal"),
     ("txt LIKE 'a\\b'", "backslash escapes"),
     ("i LIKE 'a'", "LIKE() takes text"),
