@@ -37,18 +37,40 @@ def check_clauses(select: exp.Select) -> None:
 
 
 def output_name(item: exp.Expr) -> str:
-    if isinstance(item, exp.Alias):
-        return item.alias
-    if isinstance(item, exp.Column):
-        return item.name
-    if isinstance(item, exp.Func) and not isinstance(item, exp.Anonymous):
-        # PostgreSQL names an unaliased call after its function, e.g. count(*) -> "count".
-        # sqlglot folds some spellings together (variance and var_samp; bool_and and every):
-        # those cannot be named back and need an alias.
-        name = item.sql_name().lower()
-        if name not in _FOLDED_NAMES:
-            return _RENAMED.get(name, name)
-    raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
+    """The column name PostgreSQL gives ``item`` in a SELECT list; an expression it would
+    call "?column?" must be named with AS."""
+    name, _ = _figured(item)
+    if name is None:
+        raise UnsupportedSQL(f"give the expression {item.sql('postgres')!r} a name with AS")
+    return name
+
+
+def named_query(query: exp.Expr) -> exp.Expr:
+    """``query`` (a SELECT, or a UNION of them) with every item named as PostgreSQL names
+    it (``count(*) AS count``), so that the SQL generated from it keeps the column names of
+    the text it was parsed from (sqlglot writes ``ceiling`` as ``CEIL``)."""
+    if isinstance(query, exp.Union):
+        union = query.copy()
+        union.set("this", named_query(query.this))
+        union.set("expression", named_query(query.expression))
+        return union
+    if not isinstance(query, exp.Select):
+        return query.copy()
+    named = query.copy()
+    named.set(
+        "expressions",
+        [
+            item
+            if isinstance(item, exp.Alias | exp.Star) or _is_star(item)
+            else exp.alias_(item, output_name(item), quoted=True)
+            for item in named.expressions
+        ],
+    )
+    return named
+
+
+def _is_star(item: exp.Expr) -> bool:
+    return isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
 
 
 _RENAMED = {
@@ -57,6 +79,68 @@ _RENAMED = {
     "approx_distinct": "approx_count_distinct",
 }
 _FOLDED_NAMES = {"variance", "logical_and"}
+# PostgreSQL's names (FigureColname) of what sqlglot parses into nodes of other names.
+_SPECIAL_NAMES: dict[type[exp.Expr], str] = {
+    exp.AtTimeZone: "timezone",
+    exp.Extract: "extract",
+    exp.StrPosition: "position",
+    exp.Substring: "substring",
+    exp.Coalesce: "coalesce",
+    exp.Greatest: "greatest",
+    exp.Least: "least",
+    exp.Nullif: "nullif",
+}
+_TRIMS = {"LEADING": "ltrim", "TRAILING": "rtrim"}
+# The names PostgreSQL's grammar gives the types a cast names (int -> int4, ...).
+_TYPE_NAMES = {
+    "INT": "int4",
+    "BIGINT": "int8",
+    "SMALLINT": "int2",
+    "DOUBLE": "float8",
+    "FLOAT": "float4",
+    "BOOLEAN": "bool",
+    "DECIMAL": "numeric",
+    "TIMESTAMPTZ": "timestamptz",
+}
+
+
+def _figured(node: exp.Expr) -> tuple[str | None, int]:
+    """PostgreSQL's FigureColnameInternal: a name and its strength (2: a column's or a
+    function's, 1: a fallback such as a cast's type, 0: none)."""
+    if isinstance(node, exp.Alias):
+        return node.alias, 2
+    if isinstance(node, exp.Column):
+        return (None, 0) if isinstance(node.this, exp.Star) else (node.name, 2)
+    if isinstance(node, exp.Paren | exp.Bracket):
+        return _figured(node.this)
+    if isinstance(node, exp.Cast):
+        name, strength = _figured(node.this)
+        if strength == 2:
+            return name, 2
+        kind = node.to.this.name if isinstance(node.to.this, exp.DataType.Type) else ""
+        return _TYPE_NAMES.get(kind, kind.lower() or None), 1
+    if isinstance(node, exp.Case):
+        default = node.args.get("default")
+        name, strength = _figured(default) if default is not None else (None, 0)
+        return (name, 2) if strength == 2 else ("case", 1)
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower(), 2
+    written = node.meta_get("written")  # a call's name as written (rewriter.positions)
+    if written:
+        return str(written).lower(), 2
+    if isinstance(node, exp.Trim):
+        return _TRIMS.get(str(node.args.get("position") or "").upper(), "btrim"), 2
+    special = next((n for cls, n in _SPECIAL_NAMES.items() if isinstance(node, cls)), None)
+    if special is not None:
+        return special, 2
+    if not isinstance(node, exp.Func):
+        return None, 0
+    # A call built by a pass or read from generated SQL: sqlglot's name for it, where it is
+    # PostgreSQL's (it folds variance and var_samp, bool_and and every together).
+    name = node.sql_name().lower()
+    if name in _FOLDED_NAMES:
+        return None, 0
+    return _RENAMED.get(name, name), 2
 
 
 def column_names(plan: StreamPlan) -> list[str]:

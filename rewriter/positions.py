@@ -121,7 +121,12 @@ def record_positions(tree: exp.Expr, sql: str, tokens: Sequence[Token]) -> None:
     for node in tree.walk():
         start = node.meta_get("start")
         if start is not None:
-            Place.of(sql, start, node.meta_get("end", start)).mark(node)
+            end = node.meta_get("end", start)
+            Place.of(sql, start, end).mark(node)
+            written = sql[start : end + 1]
+            if isinstance(node, exp.Func | exp.Mod) and written.replace("_", "").isalnum():
+                # The name as written (ceiling, not sqlglot's ceil): the view's column name.
+                node.meta["written"] = written
     for node in tree.walk():
         if node.meta_get("start") is None and _starts_with_keyword(node):
             operand = node.expression if isinstance(node, exp.SetOperation) else node

@@ -18,7 +18,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import column_names, output_names
+from rewriter.derived_select import column_names, named_query, output_names
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     OnReadStreamPlan,
@@ -46,7 +46,7 @@ def inner_statement(name: str, select: exp.Select) -> tuple[str, str]:
             f"{naming.MAX_STREAM_NAME} characters: choose a shorter name"
         )
     subquery = select.args["from_"].this
-    return inner, f"CREATE STREAM {inner} AS {subquery.this.sql('postgres')}"
+    return inner, f"CREATE STREAM {inner} AS {named_query(subquery.this).sql('postgres')}"
 
 
 def build_subquery(

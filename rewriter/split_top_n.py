@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.derived_select import output_names
+from rewriter.derived_select import named_query, output_names
 from rewriter.errors import UnsupportedSQL
 
 
@@ -49,7 +49,7 @@ def split_top_n(name: str, select: exp.Select) -> TopNSplit | None:
     inner = naming.inner_stream(name)
     if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select | exp.Union):
         _check_length(inner)
-        statement = f"CREATE STREAM {inner} AS {item.this.sql('postgres')}"
+        statement = f"CREATE STREAM {inner} AS {named_query(item.this).sql('postgres')}"
         top = select.copy()
         top_ranked = top.args["from_"].this.this
         top_ranked.args["from_"].set(
@@ -112,7 +112,7 @@ def _rank_over_rows(inner: str, select: exp.Select, ranked: exp.Select) -> TopNS
     for clause in ("joins", "where", "group", "having"):
         top_ranked.set(clause, None)
     top_ranked.set("from_", exp.From(this=exp.to_table(inner)))
-    return TopNSplit(inner, f"CREATE STREAM {inner} AS {rows.sql('postgres')}", top)
+    return TopNSplit(inner, f"CREATE STREAM {inner} AS {named_query(rows).sql('postgres')}", top)
 
 
 def _check_length(inner: str) -> None:

@@ -515,3 +515,69 @@ def test_a_data_dir_0_1_0_left_gets_an_owner_password_and_least_privilege(
     finally:
         new.stop()
         old.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Column names: Strata now names unaliased items as PostgreSQL does (k::text is k); the
+# streams of an earlier release keep the names their views were made with (0012).
+# ---------------------------------------------------------------------------------------
+
+
+def test_existing_streams_keep_their_column_names_after_the_naming_change(
+    fresh_db: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    old_sql = (
+        "CREATE STREAM tagged AS SELECT campaign::text, ceiling(sum(price)), count(*), "
+        "window_end FROM TUMBLE(visits, t, INTERVAL '1 hour') GROUP BY campaign::text, "
+        "window_end"
+    )
+    # What the earlier release made of it: its names, in the view and in the plan.
+    as_made = old_sql.replace("campaign::text,", 'campaign::text AS "cast",', 1).replace(
+        "ceiling(sum(price)),", 'ceiling(sum(price)) AS "ceil",'
+    )
+    body = "".join(
+        json.dumps({"campaign": c, "price": p, "t": f"2025-01-01T0{h}:10:00+00:00"}) + "\n"
+        for c, p, h in [("a", 1.5, 1), ("b", 2.25, 1), ("a", 3.0, 2)]
+    )
+    with strata_client(fresh_db, spark, tmp_path / "before") as strata:
+        strata.create(
+            "CREATE STREAM visits (campaign text, price numeric(8,2), t timestamptz) "
+            "WITH (event_time = 't')"
+        )
+        strata.create(as_made)
+        strata.create(
+            'CREATE STREAM per_day AS SELECT "cast", sum(count) AS n, window_end FROM '
+            "TUMBLE(tagged, window_end, INTERVAL '1 day') GROUP BY \"cast\", window_end"
+        )
+        strata.ingest("visits", body)
+    # The catalog as the earlier release left it: the statement as the user wrote it, at
+    # the revision before 0012.
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE strata_catalog.streams SET sql = %s WHERE name = 'tagged'", (old_sql,))
+        conn.execute("UPDATE strata_catalog.alembic_version SET version_num = '0011'")
+    with strata_client(fresh_db, spark, tmp_path / "after") as strata:
+        described = strata.client.get("/streams/tagged").json()
+        assert [c["name"] for c in described["columns"]] == ["cast", "ceil", "count", "window_end"]
+        strata.ingest("visits", body.replace("2025-01-01", "2025-01-02"))
+        assert sorted(strata.query('SELECT "cast", ceil, count FROM tagged')) == [
+            ("a", 2, 1),
+            ("a", 2, 1),
+            ("a", 3, 1),
+            ("a", 3, 1),
+            ("b", 3, 1),
+            ("b", 3, 1),
+        ]
+        assert sorted(strata.query('SELECT "cast", n FROM per_day')) == [
+            ("a", 2),
+            ("a", 2),
+            ("b", 1),
+            ("b", 1),
+        ]
+        # A stream created today gets PostgreSQL's names.
+        made = strata.create(old_sql.replace("tagged", "tagged_today"))
+        assert [c["name"] for c in made["columns"]] == [  # type: ignore[index]
+            "campaign",
+            "ceiling",
+            "count",
+            "window_end",
+        ]
