@@ -26,14 +26,92 @@ _UNSUPPORTED_CLAUSES = {
 }
 
 
+_DEDUP_FORM = (
+    "SELECT * FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY k ORDER BY t DESC) AS rn "
+    "FROM stream) x WHERE rn = 1"
+)
+_INSTEAD = {
+    "order": "a view has no order: order when reading it (SELECT ... FROM stream ORDER BY "
+    "...), or keep the first N rows with ORDER BY ... LIMIT N over a stream",
+    "distinct": "group the rows instead (GROUP BY every selected column)",
+    "with_": "create each common table expression as a stream of its own, and select from it",
+}
+
+
 def check_clauses(select: exp.Select) -> None:
     """Refuse the clauses and constructs no derived stream supports."""
     for clause, shown in _UNSUPPORTED_CLAUSES.items():
         if select.args.get(clause):
-            raise UnsupportedSQL(f"{shown} is not supported in a derived stream")
+            instead = _INSTEAD.get(clause)
+            raise UnsupportedSQL(
+                f"{shown} is not supported in a derived stream"
+                + (f"; {instead}" if instead else "")
+            )
     for node in select.find_all(exp.Subquery, exp.Window):
-        kind = "subqueries" if isinstance(node, exp.Subquery) else "window functions (OVER)"
-        raise UnsupportedSQL(f"{kind} are not supported yet: {node.sql('postgres')!r}")
+        raise UnsupportedSQL(_refusal(node))
+
+
+def _refusal(node: exp.Expr) -> str:
+    shown = node.sql("postgres")
+    if isinstance(node, exp.Window):
+        return (
+            f"the window function {shown!r} is not supported here; window functions are "
+            "computed on read over one stream's rows (SELECT ..., lag(x) OVER (...) FROM "
+            f"stream), and ranks filtered on the rank are top-N ({_DEDUP_FORM})"
+        )
+    parent = node.parent
+    if isinstance(node, exp.Subquery) and isinstance(parent, exp.From | exp.Join):
+        return (
+            f"a subquery as a join input is not supported: {shown!r}; create it as a stream "
+            "(CREATE STREAM name AS ...) and join that stream"
+        )
+    if isinstance(parent, exp.In):
+        return (
+            f"IN (subquery) is not supported: {shown!r}; join the stream instead "
+            "(... FROM a JOIN b ON a.k = b.k)"
+        )
+    return (
+        f"a subquery inside an expression is not supported: {shown!r}; join the stream, or "
+        "compute the value in a stream of its own"
+    )
+
+
+def check_statement(query: exp.Expr) -> None:
+    """Refuse, by name, what no kind of derived stream supports, before any pass reads the
+    statement (a pass would otherwise fail on it with a message about something else)."""
+    if isinstance(query, exp.Union):
+        check_statement(query.this)
+        check_statement(query.expression)
+        return
+    if not isinstance(query, exp.Select):
+        return
+    group = query.args.get("group")
+    for key in group.expressions if group is not None else []:
+        if isinstance(key, exp.GroupingSets | exp.Rollup | exp.Cube):
+            kind = {exp.GroupingSets: "GROUPING SETS", exp.Rollup: "ROLLUP"}.get(type(key), "CUBE")
+            raise UnsupportedSQL(
+                f"{kind} is not supported: create one stream per grouping (GROUP BY its "
+                "keys and the window), or group by the finest keys and sum over them when "
+                "reading"
+            )
+    distinct = query.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        raise UnsupportedSQL(
+            f"DISTINCT ON is not supported; keep one row per key with {_DEDUP_FORM}"
+        )
+    if query.args.get("limit") is not None and query.args.get("order") is None:
+        raise UnsupportedSQL(
+            "LIMIT without ORDER BY keeps arbitrary rows, which differ from read to read; "
+            "say which rows with ORDER BY ... LIMIT N"
+        )
+    from_ = query.args.get("from_")
+    item = from_.this if from_ is not None else None
+    joined = [join.this for join in query.args.get("joins") or []]
+    if joined and any(isinstance(i, exp.Subquery) for i in [item, *joined]):
+        subquery = next(i for i in [item, *joined] if isinstance(i, exp.Subquery))
+        raise UnsupportedSQL(_refusal(subquery))
+    if isinstance(item, exp.Subquery):
+        check_statement(item.this)
 
 
 def output_name(item: exp.Expr) -> str:

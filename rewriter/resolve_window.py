@@ -151,6 +151,18 @@ def _resolve_window(select: exp.Select, streams: Mapping[str, StreamPlan]) -> Wi
     kind = call.name.upper() if isinstance(call, exp.Anonymous) else None
     if isinstance(table, exp.Table) and isinstance(call, exp.Identifier):
         return _over_all_rows(table, streams)
+    if kind == "CUMULATE":
+        raise UnsupportedSQL(
+            "CUMULATE windows are not supported: aggregate per step in a stream (FROM "
+            "TUMBLE(source, t, INTERVAL 'step')), then read running totals over it with a "
+            "stream of window functions: sum(n) OVER (PARTITION BY ..., date_trunc('day', "
+            "window_start AT TIME ZONE 'UTC') ORDER BY window_start)"
+        )
+    if kind is not None and kind not in ("TUMBLE", "HOP"):
+        raise UnsupportedSQL(
+            f"{kind}(...) is not a window Strata knows; windows: {WINDOW_FORM}, {HOP_FORM} "
+            "and SESSION(source_stream, event_time_column, INTERVAL 'gap')"
+        )
     if kind not in ("TUMBLE", "HOP"):
         raise UnsupportedSQL(f"a derived stream reads FROM {WINDOW_FORM} or {HOP_FORM}")
     assert isinstance(call, exp.Anonymous)

@@ -9,6 +9,7 @@ parse_stream -> (raw) build_archive
                                            build_top_n
              -> (a subquery in FROM) split_subquery -> a stream of it + the query on read
              -> (SESSION windows, on read) build_session
+             -> (window functions over one stream, on read) build_window_functions
              -> (no window, no aggregates) build_projection
              -> (derived) resolve_window -> split_aggregates (over a raw stream)
                                           | split_rollup (over a derived stream)
@@ -30,6 +31,8 @@ from rewriter.build_serial import build_serial
 from rewriter.build_session import build_session, is_session
 from rewriter.build_top_n import build_top_n, is_top_n
 from rewriter.build_views import build_views
+from rewriter.build_window_functions import build_window_query, is_window_query
+from rewriter.derived_select import check_statement
 from rewriter.errors import StrataError, UnknownSource, UnsupportedSQL
 from rewriter.parse_stream import RawStreamStatement, parse_stream
 from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
@@ -101,6 +104,7 @@ def _rewrite(
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
     select = statement.select
+    check_statement(select)
     if joins_on_read(select, tables):
         assert isinstance(select, exp.Select)
         return build_lookup(statement.name, select, streams, tables)
@@ -126,6 +130,9 @@ def _rewrite(
     if is_session(select):
         assert isinstance(select, exp.Select)
         return build_session(statement.name, select, streams)
+    if is_window_query(select):
+        assert isinstance(select, exp.Select)
+        return build_window_query(statement.name, select, streams)
     if is_projection(select):
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection

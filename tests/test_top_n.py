@@ -1,6 +1,7 @@
-"""Top-N and dedup are exact under any lateness: a late row that pushes another out of the
-first N does so at once. Each view equals its query run by PostgreSQL over the raw view,
-after every run of shuffled splits (real PostgreSQL, real Spark ingest)."""
+"""Top-N and dedup, and other window functions, are exact under any lateness: a late row
+that pushes another out of the first N, or changes a row's neighbours, does so at once.
+Each view equals its query run by PostgreSQL over the raw view, after every run of
+shuffled splits (real PostgreSQL, real Spark ingest)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ QUERIES = {
         ") x WHERE r = 1",
     ),
     "dear": ("SELECT id, price FROM {bid} WHERE price > 10 ORDER BY price DESC, id LIMIT 5",) * 2,
+    # Other window functions, on read too: over the raw rows, and running sums over an
+    # aggregate stream's windows (what a cumulating window gives).
+    "previous": (
+        "SELECT id, auction, lag(price) OVER (PARTITION BY auction ORDER BY date_time, id) AS "
+        "previous FROM {bid}",
+    )
+    * 2,
+    "so_far": (
+        "SELECT auction, window_start, sum(n) OVER (PARTITION BY auction, date_trunc('hour', "
+        "window_start AT TIME ZONE 'UTC') ORDER BY window_start) AS so_far FROM {counts}",
+        "SELECT auction, window_start, sum(n) OVER (PARTITION BY auction, date_trunc('hour', "
+        "window_start AT TIME ZONE 'UTC') ORDER BY window_start) FROM (SELECT auction, "
+        "count(*) AS n, date_bin('10 minutes', date_time, timestamptz 'epoch') AS window_start "
+        "FROM {bid} GROUP BY 1, 3) c",
+    ),
 }
 
 
@@ -68,9 +84,14 @@ def test_top_n_equals_the_batch_ranking_after_every_run(
         f"CREATE STREAM {bid} (id integer, auction integer, price integer, "
         "date_time timestamptz) WITH (event_time = 'date_time')"
     )
+    counts = f"counts_{n}"
+    strata.create(
+        f"CREATE STREAM {counts} AS SELECT auction, count(*) AS n, window_start FROM "
+        f"TUMBLE({bid}, date_time, INTERVAL '10 minutes') GROUP BY auction, window_start"
+    )
     for name, (query, _) in QUERIES.items():
-        described = strata.create(f"CREATE STREAM {name}_{n} AS {query.format(bid=bid)}")
-        assert described["parallelism"] == "on read"
+        statement = f"CREATE STREAM {name}_{n} AS {query.format(bid=bid, counts=counts)}"
+        assert strata.create(statement)["parallelism"] == "on read"
     runs, position = [], 0
     for size in itertools.cycle(cuts):
         chunk = rows[position : position + size]
@@ -95,7 +116,7 @@ def test_top_n_equals_the_batch_ranking_after_every_run(
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             for name, (_, batch) in QUERIES.items():
                 got = connection.execute(f"SELECT * FROM {name}_{n}").fetchall()
-                want = connection.execute(batch.format(bid=bid)).fetchall()
+                want = connection.execute(batch.format(bid=bid, counts=counts)).fetchall()
                 assert sorted(map(repr, got)) == sorted(map(repr, want)), name
 
 
