@@ -170,6 +170,10 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
             return _cast_to_text(node, inner)
         if target.name == "date" and inner.name == "timestamp":
             return target
+        if (inner, target.name) in _OTHER_CASTS or (
+            inner == TEXT and (target.is_integer or target.name in _FROM_TEXT)
+        ):
+            return target
         if target.name == "date" and inner.name == "timestamptz":
             raise unsupported(
                 node,
@@ -180,8 +184,10 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
             raise unsupported(
                 node,
                 f"CAST of {inner.pg()} to {target.pg()} is not supported; casts go between "
-                "number types, to text (from integers, booleans, dates and numeric(p,s)) and "
-                "to date (from timestamp)",
+                "number types, to text (from integers, booleans, dates, timestamps and "
+                "numeric(p,s)), from text (to integers, booleans, dates and timestamps), "
+                "between integer and boolean, from date to timestamp and from timestamp to "
+                "date",
             )
         if inner.is_float and target.is_numeric:
             raise unsupported(
@@ -213,10 +219,78 @@ def infer_type(node: exp.Expr, schema: Schema) -> SqlType:
     raise unsupported(node, f"{construct_name(node)} is not supported")
 
 
+# Casts PostgreSQL and Spark make alike, beyond numbers: (from, to).
+_OTHER_CASTS = {
+    (SqlType("boolean"), "integer"),
+    (SqlType("integer"), "boolean"),
+    (SqlType("date"), "timestamp"),
+}
+_FROM_TEXT = ("boolean", "date", "timestamp")
+_SPACE = "\\s*"
+# The text a cast to these types reads, in both engines (PostgreSQL reads more spellings
+# of dates and times; Spark fails the run on those, it never reads them otherwise).
+_TEXT_FORMS = {
+    "date": f"^{_SPACE}[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}{_SPACE}$",
+    "timestamp": f"^{_SPACE}[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}([ T][0-9]{{2}}:[0-9]{{2}}(:[0-9]{{2}}"
+    f"([.][0-9]{{1,6}})?)?)?{_SPACE}$",
+}
+# PostgreSQL's boolin: a prefix of true/false/yes/no, on/off (two letters at least), 1/0,
+# in any case, around spaces.
+_TRUE = ("t", "tr", "tru", "true", "y", "ye", "yes", "on", "1")
+_FALSE = ("f", "fa", "fal", "fals", "false", "n", "no", "of", "off", "0")
+
+
+def _from_text(value: exp.Expr, target: SqlType) -> exp.Expr:
+    """A cast of text that reads what PostgreSQL reads, or fails the run as it does."""
+    if target.is_integer:
+        # ANSI casts fail on what PostgreSQL refuses (letters, fractions, overflow).
+        return exp.cast(value, exp.DataType.build(target.spark(), dialect="spark"))
+    if target.name == "boolean":
+        word = exp.Lower(
+            this=exp.func(
+                "regexp_replace",
+                value,
+                exp.Literal.string(f"^{_SPACE}|{_SPACE}$"),
+                exp.Literal.string(""),
+            )
+        )
+        invalid = exp.func(
+            "raise_error", exp.Literal.string("invalid input syntax for type boolean")
+        )
+        return (
+            exp.Case()
+            .when(exp.Is(this=value.copy(), expression=exp.Null()), exp.Null())
+            .when(
+                exp.In(this=word, expressions=[exp.Literal.string(w) for w in _TRUE]),
+                exp.true(),
+            )
+            .when(
+                exp.In(this=word.copy(), expressions=[exp.Literal.string(w) for w in _FALSE]),
+                exp.false(),
+            )
+            .else_(invalid)
+        )
+    form = exp.Literal.string(_TEXT_FORMS[target.name])
+    message = exp.Literal.string(
+        f"only ISO text ({'YYYY-MM-DD' if target.name == 'date' else 'YYYY-MM-DD HH:MI:SS'})"
+        f" is cast to {target.pg()} here"
+    )
+    return exp.If(
+        this=exp.or_(
+            exp.Is(this=value, expression=exp.Null()),
+            exp.RegexpLike(this=value.copy(), expression=form),
+        ),
+        true=exp.cast(
+            exp.func("trim", value.copy()), exp.DataType.build(target.spark(), dialect="spark")
+        ),
+        false=exp.func("raise_error", message),
+    )
+
+
 def _cast_to_text(node: exp.Expr, inner: SqlType) -> SqlType:
     # Both engines write integers, booleans ('true'/'false'), dates (ISO) and decimals of a
     # fixed scale alike; other types have engine-specific spellings.
-    if inner.is_integer or inner.name in ("boolean", "date"):
+    if inner.is_integer or inner.name in ("boolean", "date", "timestamp"):
         return TEXT
     if inner.is_numeric and inner.precision is not None:
         return TEXT
@@ -348,7 +422,13 @@ def _translate(node: exp.Expr, schema: Schema) -> exp.Expr:
         value = copy.this
         if cast_to == inner:
             return value
-        if cast_to == TEXT or cast_to.name == "date":
+        if inner == TEXT and cast_to != TEXT:
+            return _from_text(value, cast_to)
+        if (
+            cast_to == TEXT
+            or cast_to.name in ("date", "timestamp", "boolean")
+            or inner.name == "boolean"
+        ):
             return exp.cast(value, exp.DataType.build(cast_to.spark(), dialect="spark"))
         if cast_to.is_numeric and cast_to.precision is None:
             # Unbounded numeric keeps every digit (PostgreSQL's scale): a numeric value
