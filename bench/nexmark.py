@@ -14,7 +14,9 @@ jittered by up to 30 minutes. For each query (bench.harness.nexmark_queries):
    with the batch query over every input row (plain tables COPYed from the same runs, in
    the schema ``nexmark_batch``): rows lost = rows of the batch result not in the view,
    rows over-produced = rows of the view not in the batch result (multisets, every
-   column). The streams are then dropped, for the next query.
+   column). The whole view is read, and the batch query run, three times each after an
+   untimed read (median milliseconds): what a reader pays, against computing the result
+   from scratch. The streams are then dropped, for the next query.
 2. Spark Structured Streaming, for the queries it can run (``SPARK``: projections, the
    stream-stream and stream-static joins, the windowed and per-day aggregates), in this
    process (local[*]): the run files of the input streams, in arrival order, ``threads``
@@ -50,7 +52,7 @@ from pyspark.sql import types as T  # noqa: N812 - Spark's own convention
 
 from bench.harness.api import create_stream, post_runs
 from bench.harness.data import HOUR_MS, Dataset
-from bench.harness.database import fetch_one
+from bench.harness.database import fetch_one, measure
 from bench.harness.errors import BenchError
 from bench.harness.nexmark_queries import QUERIES, SIDE_INPUT, Query, side_input_statements
 from bench.harness.nexmark_streams import (
@@ -237,11 +239,28 @@ def counted_accuracy(
 # ---- Strata ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Reads:
+    """Median milliseconds to read the whole result: the view, and the batch query over
+    the plain tables (the same rows, computed from scratch), in the same run."""
+
+    view_ms: float
+    batch_ms: float
+
+
+def read_times(database_url: str, query: Query, repeat: int = 3) -> Reads:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {BATCH}, public")  # type: ignore[arg-type]
+        view = measure(conn, f"SELECT * FROM public.{query.name}", repeat)
+        batch = measure(conn, query.batch, repeat)
+    return Reads(round(view.median_ms, 2), round(batch.median_ms, 2))
+
+
 def strata_query(
     server: Server, workload: Workload, query: Query, threads: int
-) -> tuple[Timing, Accuracy]:
+) -> tuple[Timing, Accuracy, Reads]:
     """The query alone: its input streams and its streams created, the inputs' runs
-    posted, the view checked, everything dropped again."""
+    posted, the view checked and read, everything dropped again."""
     with httpx.Client(base_url=server.url, timeout=120) as client:
         for stream in query.inputs:
             create_stream(client, create_statement(stream))
@@ -251,11 +270,12 @@ def strata_query(
         timing = post_runs(server, data, threads, "wait", streams)
         timing.name = f"Strata {query.name}"
         checked = accuracy(server.database_url, query, f"public.{query.name}")
+        reads = read_times(server.database_url, query)
         for name in (query.name, *reversed(query.inputs)):
             response = client.delete(f"/streams/{name}")
             if response.status_code != 200:
                 raise BenchError(f"dropping {name}: {response.status_code} {response.text}")
-    return timing, checked
+    return timing, checked, reads
 
 
 # ---- Spark Structured Streaming -------------------------------------------------------------
@@ -374,12 +394,14 @@ def run(
         load_batch_tables(server.database_url, workload)
         for query in chosen:
             entry: dict[str, Any] = {"inputs": list(query.inputs)}
-            timing, exact = strata_query(server, workload, query, threads)
+            timing, exact, reads = strata_query(server, workload, query, threads)
             timings.append(timing)
             entry |= {
                 "events": timing.rows,
                 "strata_events_per_s": round(timing.rows_per_s),
                 "strata": vars(exact),
+                "read_view_ms": reads.view_ms,
+                "read_batch_ms": reads.batch_ms,
             }
             if exact.rows_lost or exact.rows_over_produced:
                 problems.append(f"Strata {query.name}: {exact}")
@@ -424,10 +446,10 @@ def print_report(results: dict[str, Any]) -> None:
         f"{results['span_hours']} h, {results['late_events']:,} in runs 1-6 h late\n"
     )
     print(
-        "| query | Strata events/s | Strata rows lost | Spark SSS events/s | "
-        "Spark SSS rows lost (of) |"
+        "| query | Strata events/s | Strata rows lost | read: view / batch query (ms) | "
+        "Spark SSS events/s | Spark SSS rows lost (of) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, entry in results["queries"].items():
         lost = entry["strata"]["rows_lost"] + entry["strata"]["rows_over_produced"]
         sss = entry.get("sss")
@@ -435,7 +457,8 @@ def print_report(results: dict[str, Any]) -> None:
             theirs = f"{entry['sss_events_per_s']:,} | {sss['rows_lost']:,} ({sss['batch_rows']:,})"
         else:
             theirs = f"- | {entry.get('sss_error', 'not expressible')}"
-        print(f"| {name} | {entry['strata_events_per_s']:,} | {lost} | {theirs} |")
+        reads = f"{entry['read_view_ms']:,} / {entry['read_batch_ms']:,}"
+        print(f"| {name} | {entry['strata_events_per_s']:,} | {lost} | {reads} | {theirs} |")
     for problem in results["problems"]:
         print(f"PROBLEM: {problem}")
 
