@@ -19,9 +19,8 @@ from tests.oracle import at, cut, ndjson, same
 _names = itertools.count()
 
 
-def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> None:
-    strata = module_strata
-    n = next(_names)
+def _auctions_and_bids(strata: Strata, n: int) -> tuple[str, str]:
+    """Two raw streams of Nexmark's shape, named apart by ``n``."""
     auction, bid = f"auction_{n}", f"bid_{n}"
     strata.create(
         f"CREATE STREAM {auction} (id bigint, category integer, date_time timestamptz, "
@@ -31,6 +30,13 @@ def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> No
         f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, "
         "date_time timestamptz) WITH (event_time = 'date_time')"
     )
+    return auction, bid
+
+
+def test_nexmark_q4_and_a_max_over_a_windowed_count(module_strata: Strata) -> None:
+    strata = module_strata
+    n = next(_names)
+    auction, bid = _auctions_and_bids(strata, n)
     inner = (
         f"SELECT max(b.price) AS final, a.category FROM {auction} a JOIN {bid} b "
         "ON a.id = b.auction AND b.date_time BETWEEN a.date_time AND a.expires "
@@ -126,15 +132,7 @@ def test_subqueries_and_rankings_of_joins_equal_their_batch_after_every_run(
     the same queries as batches after every run."""
     strata = module_strata
     n = next(_names)
-    auction, bid = f"hauction_{n}", f"hbid_{n}"
-    strata.create(
-        f"CREATE STREAM {auction} (id bigint, category integer, date_time timestamptz, "
-        "expires timestamptz) WITH (event_time = 'date_time')"
-    )
-    strata.create(
-        f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, "
-        "date_time timestamptz) WITH (event_time = 'date_time')"
-    )
+    auction, bid = _auctions_and_bids(strata, n)
     join = (
         f"FROM {auction} a JOIN {bid} b ON a.id = b.auction AND b.date_time BETWEEN "
         "a.date_time AND a.expires"
