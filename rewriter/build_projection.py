@@ -103,15 +103,15 @@ def build_projection(
             )
         if columns is None:
             columns, event_time = branch_columns, branch_event_time
-        elif branch_columns != columns:
-            raise UnsupportedSQL(
-                "the branches of a UNION ALL must have the same column names and types: "
-                f"{_describe(columns)} vs {_describe(branch_columns)}"
-            )
         elif branch_event_time != event_time:
             raise UnsupportedSQL(
                 "the branches of a UNION ALL keep their sources' event time: select each "
                 "source's event-time column under the same name in every branch, or in none"
+            )
+        elif branch_columns != columns:
+            raise UnsupportedSQL(
+                "the branches of a UNION ALL must have the same column names and types: "
+                f"{_describe(columns)} vs {_describe(branch_columns)}"
             )
         spark = exp.select(*spark_items, exp.column(naming.RUN_COLUMN, quoted=True)).from_(
             exp.table_(naming.RUN_ROWS_VIEW)

@@ -395,7 +395,15 @@ def test_selection_projection_and_union_all_streams(strata: Strata) -> None:
         },
     )
     assert mismatch.status_code == 400 and "same column names and types" in mismatch.json()["error"]
-    no_time = strata.client.post(
-        "/streams", json={"sql": "CREATE STREAM bad AS SELECT campaign FROM web"}
+    # A stream that selects no event time keeps its source's unshown; a UNION ALL must
+    # select it in every branch or in none.
+    quiet = strata.create("CREATE STREAM quiet AS SELECT campaign FROM web")
+    assert [c["name"] for c in quiet["columns"]] == ["campaign"]  # type: ignore[index]
+    half = strata.client.post(
+        "/streams",
+        json={
+            "sql": "CREATE STREAM bad AS SELECT campaign, t FROM web "
+            "UNION ALL SELECT campaign FROM app"
+        },
     )
-    assert no_time.status_code == 400 and "event time" in no_time.json()["error"]
+    assert half.status_code == 400 and "event time" in half.json()["error"]
