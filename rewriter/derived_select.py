@@ -55,8 +55,8 @@ def _refusal(node: exp.Expr) -> str:
     shown = node.sql("postgres")
     if isinstance(node, exp.Window):
         return (
-            f"the window function {shown!r} is not supported here; window functions are "
-            "computed on read over one stream's rows (SELECT ..., lag(x) OVER (...) FROM "
+            f"the window function {shown!r} is not supported here; window functions (OVER) "
+            "are computed on read over one stream's rows (SELECT ..., lag(x) OVER (...) FROM "
             f"stream), and ranks filtered on the rank are top-N ({_DEDUP_FORM})"
         )
     parent = node.parent
