@@ -617,12 +617,12 @@ def _aggregate(
     rows = exp.alias_(partial_rows(name, split, window), stream.alias, table=True)
     _replace_items(view, inputs, lambda _: rows, translate)
     plan = build_views(name, split, window)
-    archive, index, _ = plan.create_statements
+    *tables, _ = plan.create_statements
     joined = ", ".join(e.schema.name for e in inputs if isinstance(e, _Table))
     return dataclasses.replace(
         plan,
         view_query=view.sql("postgres"),
-        create_statements=(archive, index, create_view(name, view)),
+        create_statements=(*tables, create_view(name, view)),
         outputs=tuple(columns),
         tables=tuple(e.schema.name for e in inputs if isinstance(e, _Table)),
         parallelism_reason=(

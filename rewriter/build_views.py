@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sqlglot import exp
 
 from rewriter import naming
@@ -17,7 +15,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
     WindowedAggregatePlan,
 )
-from rewriter.resolve_window import WindowSpec
+from rewriter.resolve_window import WindowSpec, interval_text
 from rewriter.split_query import SplitQuery
 from rewriter.window_forms import window_start_spark
 
@@ -53,8 +51,8 @@ def _group_columns(split: SplitQuery) -> list[exp.Expr]:
     return [exp.column(name) for name in names]
 
 
-def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
-    """The partial rows a view consolidates, one per window (not yet aliased): the partial
+def _unreduced_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    """The partial rows not yet reduced, one per window (not yet aliased): the partial
     archive itself for TUMBLE; for HOP, each pane's partial rows once for every window that
     contains the pane (strata_hop_windows in sql/), so overlapping windows share the panes'
     partials."""
@@ -62,6 +60,11 @@ def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
     if not window.is_hop:
         return source
     columns = [c for c, _ in _partial_columns(split) if c != naming.WINDOW_START_COLUMN]
+    return _expanded(source, columns, window).subquery()
+
+
+def _expanded(source: exp.Expr, columns: list[str], window: WindowSpec) -> exp.Select:
+    """``source``'s pane rows, once for every HOP window holding the pane."""
     windows = exp.func(
         "strata_hop_windows",
         exp.column(naming.WINDOW_START_COLUMN, table="p"),
@@ -69,12 +72,12 @@ def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
         exp.Literal.number(window.slide_us),
         exp.Literal.number(window.size_us),
     )
-    expanded = (
+    return (
         exp.select(
             exp.column(naming.WINDOW_START_COLUMN, table="w"),
             *(exp.column(c, table="p") for c in columns),
         )
-        .from_(exp.alias_(source, "p"))
+        .from_(exp.alias_(source, "p", table=True))
         .join(
             exp.Lateral(
                 this=windows,
@@ -86,26 +89,128 @@ def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
             join_type="CROSS",
         )
     )
-    return expanded.subquery()
 
 
-def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
-    """The consolidating view: final aggregates over all partial rows of a window and group."""
-    source = partial_rows(name, split, window)
-    if window.is_hop:
-        source = exp.alias_(source, exp.to_identifier("panes"))
-    outputs = [(n, e) for n, e in split.outputs]
+def _state_columns(split: SplitQuery) -> list[str]:
+    """The group (window start and keys) and the state columns, as both the partial archive
+    and the consolidated table name them."""
+    return [
+        naming.WINDOW_START_COLUMN,
+        *(k.column for k in split.keys),
+        *(s.column for a in split.aggregates for s in a.states),
+    ]
+
+
+def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    """Every partial row of the stream, one per window and not yet aliased: the unreduced
+    ones and the consolidated ones (their states), for views that merge them all on read
+    (aggregates joined to a table on read)."""
+    columns = _state_columns(split)
+    unreduced = exp.select(*(exp.column(c) for c in columns)).from_(
+        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
+    )
+    reduced = exp.select(*(exp.column(c) for c in columns)).from_(
+        table(naming.consolidated_states_table(name))
+    )
+    return exp.union(unreduced, reduced, distinct=False).subquery()
+
+
+def _consolidated_columns(split: SplitQuery, window: WindowSpec) -> list[tuple[str, str]]:
+    columns = [(naming.WINDOW_START_COLUMN, "timestamptz")]
+    if not window.is_global:
+        columns.append((naming.WINDOW_END_COLUMN, "timestamptz"))
+    columns += [(k.column, k.type.pg()) for k in split.keys]
+    columns += [(naming.final_column(i), a.result_type) for i, a in enumerate(split.aggregates)]
+    return columns
+
+
+def _states_columns(split: SplitQuery) -> list[tuple[str, str]]:
+    columns = [(naming.WINDOW_START_COLUMN, "timestamptz")]
+    columns += [(k.column, k.type.pg()) for k in split.keys]
+    columns += [(s.column, s.pg_type) for a in split.aggregates for s in a.states]
+    return columns
+
+
+def _window_end(window: WindowSpec) -> exp.Expr:
+    return exp.Add(
+        this=exp.column(naming.WINDOW_START_COLUMN),
+        expression=exp.Interval(this=exp.Literal.string(interval_text(window.size_us))),
+    )
+
+
+def _over_finals(expression: exp.Expr, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    """``expression`` (a view item over partial rows) over a consolidated row instead: each
+    aggregate's final and the window end as the row keeps them."""
+    end = None if window.is_global else _window_end(window)
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        for index, aggregate in enumerate(split.aggregates):
+            if node == aggregate.final:
+                return exp.column(naming.final_column(index))
+        if end is not None and node == end:
+            return exp.column(naming.WINDOW_END_COLUMN)
+        return node
+
+    return expression.copy().transform(swap)
+
+
+def _touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
+    """The windows holding unreduced partial rows (late data the reducer has not folded
+    yet): a consolidated row of such a window is merged on read. Filtered with IN and NOT
+    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe."""
+    return exp.select(exp.column(naming.WINDOW_START_COLUMN, table="u")).from_(
+        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
+    )
+
+
+def _in_touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    return exp.In(
+        this=exp.column(naming.WINDOW_START_COLUMN, table="c"),
+        query=_touched(name, split, window).subquery(),
+    )
+
+
+def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
+    """The consolidating view. Windows whose partial rows are all reduced read the
+    consolidated table's final values as they are, like a plain table (a filter on the window
+    end is an index condition there); windows that also hold unreduced partial rows (late
+    data the reducer has not folded yet) merge both on read. Reader and reducer see one
+    snapshot, and the reducer folds whole windows in one statement, so every read is exact."""
+    outputs = list(split.outputs)
     if window.is_global and not split.keys:
         # Without a window and keys the aggregate has one row even over no rows, as in
         # PostgreSQL, where the counts are 0 (their finals sum no partial rows: NULL).
         counts = [a.final for a in split.aggregates if a.rule in _COUNTS]
-        outputs = [(n, _zero_counts(e, counts)) for n, e in outputs]
-    query = exp.select(*(exp.alias_(e, n, quoted=True) for n, e in outputs)).from_(source)
-    if not (window.is_global and not split.keys):
-        query = query.group_by(*_group_columns(split))
+        merged = exp.select(
+            *(exp.alias_(_zero_counts(e, counts), n, quoted=True) for n, e in outputs)
+        ).from_(exp.alias_(partial_rows(name, split, window), "partials", table=True))
+        return merged.having(split.having) if split.having is not None else merged
+    reduced = (
+        exp.select(
+            *(exp.alias_(_over_finals(e, split, window), n, quoted=True) for n, e in outputs)
+        )
+        .from_(exp.alias_(table(naming.consolidated_table(name)), "c", table=True))
+        .where(exp.Not(this=_in_touched(name, split, window)))
+    )
     if split.having is not None:
-        query = query.having(split.having)
-    return query
+        reduced = reduced.where(_over_finals(split.having, split, window))
+    columns = _state_columns(split)
+    unreduced = exp.select(*(exp.column(c) for c in columns)).from_(
+        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
+    )
+    touched = (
+        exp.select(*(exp.column(c) for c in columns))
+        .from_(exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True))
+        .where(_in_touched(name, split, window))
+    )
+    merged = (
+        exp.select(*(exp.alias_(e, n, quoted=True) for n, e in outputs))
+        .from_(exp.union(unreduced, touched, distinct=False).subquery("partials"))
+        .group_by(*_group_columns(split))
+    )
+    if split.having is not None:
+        merged = merged.having(split.having)
+    return exp.union(reduced, merged, distinct=False)
 
 
 _COUNTS = ("count(*)", "count", "count(DISTINCT)", "approx_count_distinct")
@@ -135,79 +240,153 @@ def reduce_query(name: str, split: SplitQuery) -> str:
     return query.sql("postgres")
 
 
-def reduce_statement(name: str, split: SplitQuery) -> str:
-    """The reducer's statement: fold the partial rows of (window, group)s holding more than
-    %(min_rows)s rows into one row each, still in partial form, at most %(max_groups)s
-    groups at a time.
+def reduce_statement(name: str, split: SplitQuery, window: WindowSpec) -> str:
+    """The reducer's statement: move the partial rows of at most %(max_groups)s panes that
+    hold more than %(min_rows)s partial rows (the oldest first) into the consolidated
+    tables, merged with what they hold for the panes' windows: one row per window and group
+    with each aggregate's final value (what the view reads), and the same in partial form
+    (what later late data of the window merges with).
 
-    One statement, so one transaction: a view sees the rows before or after, never half
-    (the reduce aggregate over the folded rows merges to the same final value). Rows that
-    commit while it runs are not in its snapshot and stay as they are. The folded row
-    belongs to no run (REDUCED_RUN).
+    One statement, so one transaction: a view sees the rows before or after, never half.
+    Rows that commit while it runs are not in its snapshot and stay as they are. Whole
+    windows are rewritten, so a window never has two consolidated rows for a group.
     """
     archive = table(naming.partial_archive_table(name))
-    groups = [naming.WINDOW_START_COLUMN, *(k.column for k in split.keys)]
+    start = naming.WINDOW_START_COLUMN
     targets = (
-        exp.select(*(exp.column(c) for c in groups))
+        exp.select(exp.column(start))
         .from_(archive.copy())
-        .group_by(*(exp.column(c) for c in groups))
+        .group_by(exp.column(start))
         .having(
             exp.GT(this=exp.Count(this=exp.Star()), expression=exp.Placeholder(this="min_rows"))
         )
+        .order_by(exp.column(start))
         .limit(exp.Placeholder(this="max_groups"))
     )
-    matches = [
-        exp.EQ(
-            this=exp.column(naming.WINDOW_START_COLUMN, table="p"),
-            expression=exp.column(naming.WINDOW_START_COLUMN, table="targets"),
-        ),
-        *(match for k in split.keys for match in _null_safe_match(k.column)),
-    ]
     gone = exp.Delete(
         this=exp.alias_(archive.copy(), "p", table=True),
         using=[exp.table_("targets")],
-        where=exp.Where(this=exp.and_(*matches)),
+        where=exp.Where(
+            this=exp.EQ(
+                this=exp.column(start, table="p"), expression=exp.column(start, table="targets")
+            )
+        ),
         returning=exp.Returning(
             expressions=[exp.Column(this=exp.Star(), table=exp.to_identifier("p"))]
         ),
     )
+    columns = _state_columns(split)
+    if window.is_hop:
+        placed: exp.Expr = _expanded(
+            exp.table_("gone"), [c for c in columns if c != start], window
+        ).subquery("placed")
+    else:
+        placed = exp.table_("gone")
+    changed = exp.alias_(
+        exp.select(exp.column(start)).distinct().from_("placed").subquery(), "changed", table=True
+    )
+
+    def same_window(alias: str) -> exp.Where:
+        return exp.Where(
+            this=exp.EQ(
+                this=exp.column(start, table=alias), expression=exp.column(start, table="changed")
+            )
+        )
+
+    kept = exp.Delete(
+        this=exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True),
+        using=[changed.copy()],
+        where=same_window("c"),
+        returning=exp.Returning(expressions=[exp.column(c, table="c") for c in columns]),
+    )
+    replaced = exp.Delete(
+        this=exp.alias_(table(naming.consolidated_table(name)), "f", table=True),
+        using=[changed.copy()],
+        where=same_window("f"),
+    )
+    merged_rows = exp.union(
+        exp.select(*(exp.column(c) for c in columns)).from_("placed"),
+        exp.select(*(exp.column(c) for c in columns)).from_("kept"),
+        distinct=False,
+    ).subquery("merged")
     states = [s for a in split.aggregates for s in a.states]
     folded = (
         exp.select(
-            exp.Literal.number(naming.REDUCED_RUN),
-            *(exp.column(c) for c in groups),
-            *(exp.func(s.reduce, exp.column(s.column)) for s in states),
+            *_group_columns(split),
+            *(exp.alias_(exp.func(s.reduce, exp.column(s.column)), s.column) for s in states),
+            *(
+                exp.alias_(a.final.copy(), naming.final_column(i))
+                for i, a in enumerate(split.aggregates)
+            ),
         )
-        .from_("gone")
-        .group_by(*(exp.column(c) for c in groups))
+        .from_(merged_rows)
+        .group_by(*_group_columns(split))
     )
-    columns = [naming.RUN_COLUMN, *groups, *(s.column for s in states)]
-    statement = exp.insert(folded, archive.copy(), columns=columns)
-    statement = statement.with_("targets", as_=targets).with_("gone", as_=gone)
+    states_columns = [c for c, _ in _states_columns(split)]
+    store_states = exp.insert(
+        exp.select(*(exp.column(c) for c in states_columns)).from_("folded"),
+        table(naming.consolidated_states_table(name)),
+        columns=states_columns,
+    )
+    final_columns = [c for c, _ in _consolidated_columns(split, window)]
+    finals = exp.select(
+        *(
+            _window_end(window) if c == naming.WINDOW_END_COLUMN else exp.column(c)
+            for c in final_columns
+        )
+    ).from_("folded")
+    # In window order, so that a time range of the table is a range of its pages.
+    finals = finals.order_by(*_group_columns(split))
+    statement = exp.insert(finals, table(naming.consolidated_table(name)), columns=final_columns)
+    ctes: list[tuple[str, exp.Expr]] = [
+        ("targets", targets),
+        ("gone", gone),
+        ("placed", exp.select(exp.Star()).from_(placed)),
+        ("kept", kept),
+        ("replaced", replaced),
+        ("folded", folded),
+        ("stored", store_states),
+    ]
+    for alias, query in ctes:
+        statement = statement.with_(alias, as_=query)
     return statement.sql("postgres")
 
 
-def _null_safe_match(column: str) -> list[exp.Expression]:
-    """``p.column`` and ``targets.column`` are the same group key, NULL keys a group of their
-    own, as equalities PostgreSQL can hash or merge on: ``IS NOT DISTINCT FROM`` cannot, so
-    with one wide window and many groups the join compared every target with every row of
-    the window (ten thousand targets by 300K rows took minutes). Keys compare by their text,
-    which equal values of a column share but for numerics of different scales
-    (1.5, 1.50): those rows are left for a later fold, never folded wrongly, as the
-    statement re-inserts exactly the rows it deleted."""
-
-    def sides(build: Callable[[exp.Column], exp.Expression]) -> exp.Expression:
-        return exp.EQ(
-            this=build(exp.column(column, table="p")),
-            expression=build(exp.column(column, table="targets")),
+def consolidated_statements(
+    name: str, split: SplitQuery, window: WindowSpec, *, if_not_exists: bool = False
+) -> tuple[str, ...]:
+    """The consolidated table and its indexes: on the window start (the reducer and the
+    merge on read find windows by it) and on the window end and keys (a dashboard's time
+    filter, and its filter on a key); without a window, on the keys."""
+    target = table(naming.consolidated_table(name))
+    states = table(naming.consolidated_states_table(name))
+    not_null = (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN)
+    tables = [
+        create_table(
+            t,
+            [column_def(c, pg, not_null=c in not_null) for c, pg in columns],
+            if_not_exists=if_not_exists,
         )
-
-    return [
-        sides(lambda c: exp.Paren(this=exp.Is(this=c, expression=exp.Null()))),
-        sides(
-            lambda c: exp.Coalesce(this=exp.cast(c, "text"), expressions=[exp.Literal.string("")])
-        ),
+        for t, columns in (
+            (target, _consolidated_columns(split, window)),
+            (states, _states_columns(split)),
+        )
     ]
+    keys = [exp.column(k.column) for k in split.keys]
+    start = exp.column(naming.WINDOW_START_COLUMN)
+    indexed: list[tuple[str, exp.Table, list[exp.Expr]]] = [("state_window", states, [start])]
+    if window.is_global:
+        indexed.append(("window", target, [start.copy(), *keys]))
+    else:
+        indexed.append(("window", target, [start.copy()]))
+        indexed.append(("end", target, [exp.column(naming.WINDOW_END_COLUMN), *keys]))
+    indexes = [
+        create_index(
+            naming.consolidated_index(name, purpose), on, columns, if_not_exists=if_not_exists
+        )
+        for purpose, on, columns in indexed
+    ]
+    return (*tables, *indexes)
 
 
 def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAggregatePlan:
@@ -222,6 +401,7 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
     )
     index = create_index(naming.partial_window_index(name), archive, _group_columns(split))
     view = view_query(name, split, window)
+    consolidated = consolidated_statements(name, split, window)
     source = window.source
     if isinstance(source, WindowedAggregatePlan):
         raw_sources = source.raw_sources
@@ -266,13 +446,15 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
         partial_query=partial_query(split, input_view, time_column, window.pane_us),
         partial_input=input_view,
         partial_columns=tuple(partial_columns),
-        create_statements=(create_archive, index, create_view(name, view)),
+        create_statements=(create_archive, index, *consolidated, create_view(name, view)),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
             drop("TABLE", archive),
+            drop("TABLE", table(naming.consolidated_table(name))),
+            drop("TABLE", table(naming.consolidated_states_table(name))),
         ),
         reduce_query=reduce_query(name, split),
-        reduce_statement=reduce_statement(name, split),
+        reduce_statement=reduce_statement(name, split, window),
         view_query=view.sql("postgres"),
         outputs=tuple(_output(n, e, split) for n, e in split.outputs),
         aggregates=tuple(

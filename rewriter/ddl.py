@@ -34,10 +34,12 @@ def column_def(name: str, pg_type: SqlType | str, *, not_null: bool = False) -> 
     )
 
 
-def create_table(target: exp.Table, columns: list[exp.ColumnDef]) -> str:
-    return exp.Create(this=exp.Schema(this=target, expressions=columns), kind="TABLE").sql(
-        "postgres"
-    )
+def create_table(
+    target: exp.Table, columns: list[exp.ColumnDef], *, if_not_exists: bool = False
+) -> str:
+    return exp.Create(
+        this=exp.Schema(this=target, expressions=columns), kind="TABLE", exists=if_not_exists
+    ).sql("postgres")
 
 
 def create_view(name: str, query: exp.Query) -> str:

@@ -110,6 +110,29 @@ def partial_window_index(stream: str) -> str:
     return fit(f"{stream}__partial_window")
 
 
+def consolidated_table(stream: str) -> str:
+    """A stream's reduced windows: one row per window and group with its final values, as
+    narrow as the view's rows (what a dashboard reads)."""
+    return fit(f"{stream}__reduced")
+
+
+def consolidated_states_table(stream: str) -> str:
+    """The partial form of a stream's reduced windows (states, one row per window and group),
+    which late data of those windows merges with on read."""
+    return fit(f"{stream}__reduced_states")
+
+
+def consolidated_index(stream: str, purpose: str) -> str:
+    """Index of a consolidated table: on its window and group keys ("window") or on its
+    window end ("end"), where time filters meet it."""
+    return fit(f"{stream}__reduced_{purpose}")
+
+
+def final_column(aggregate_index: int) -> str:
+    """The final value of an aggregate, as the consolidated table keeps it."""
+    return f"final_{aggregate_index}"
+
+
 def partial_view(stream: str) -> str:
     """Spark temporary view of a stream's partial rows in a batch (input of its roll-ups)."""
     return f"strata_partials_{stream}"

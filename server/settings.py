@@ -80,9 +80,10 @@ class Settings(BaseSettings):
         description="Most raw rows a back-fill reads, computes and commits in one chunk.",
     )
     reduce_min_rows: int = Field(
-        4,
-        description="The reducer folds a window's partial rows for a group once there are "
-        "more than this many.",
+        0,
+        description="The reducer moves a pane's partial rows into the consolidated table "
+        "once there are more than this many (0: at every pass, so views read reduced "
+        "windows like a plain table).",
     )
     reduce_interval: float = Field(
         5.0, description="Seconds between reducer passes over the partial archives."

@@ -1,9 +1,12 @@
 """The reducer (seeds/003): keeps partial archives small by folding the partial rows of a
 (window, group) into one row, still in partial form, so that later late data still merges.
 
-Policy: a (window, group) is folded once it holds more than ``min_rows`` partial rows, at
-most ``batch`` groups per statement. Every fold is one statement (one transaction), so no
-reader ever sees a view change because of it.
+Policy: the partial rows of a pane are moved into the stream's consolidated table once the
+pane holds more than ``min_rows`` of them (0: at every pass), at most ``batch`` panes per
+statement; the consolidated table keeps one row per window and group, with the final
+values the view reads like a plain table. Every fold is one statement (one transaction),
+so no reader ever sees a view change because of it; a lock per stream keeps two reducers
+(two servers on one database) from folding the same window at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from server.metrics import Metrics
 from server.settings import DEFAULTS
 from server.workers.loop import Worker
 
+# The first key of the reducer's advisory locks (the second is the stream's name hashed).
+REDUCER_LOCK_SPACE = 5_310
+
 
 class Reducer(Worker):
     name = "reducer"
@@ -26,7 +32,7 @@ class Reducer(Worker):
         plans: PlanCache,
         *,
         min_rows: int = DEFAULTS.reduce_min_rows,
-        max_groups: int = 10_000,
+        max_groups: int = 500,
         interval: float = DEFAULTS.reduce_interval,
         metrics: Metrics | None = None,
     ) -> None:
@@ -39,6 +45,10 @@ class Reducer(Worker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)
         with self.engine.begin() as connection:
+            connection.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:stream))"),
+                {"space": REDUCER_LOCK_SPACE, "stream": plan.name},
+            )
             driver = connection.connection.driver_connection
             assert driver is not None
             params = {"min_rows": self.min_rows, "max_groups": self.batch}
