@@ -46,6 +46,105 @@ def _source_window_start(window: WindowSpec) -> exp.Expr:
     return column
 
 
+def _source_from(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
+    """Source rows whose source window starts at or after ``bound``, as a condition on the
+    source's time column itself (an index can serve it)."""
+    return exp.GTE(
+        this=exp.column(window.time_column, table="src", quoted=True),
+        expression=_shifted(window, bound),
+    )
+
+
+def _source_before(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
+    """Source rows whose source window starts before ``bound``."""
+    return exp.LT(
+        this=exp.column(window.time_column, table="src", quoted=True),
+        expression=_shifted(window, bound),
+    )
+
+
+def _shifted(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
+    source = window.source
+    if isinstance(source, WindowedAggregatePlan):
+        output = source.output(window.time_column)
+        if output is not None and output.role == "window_end":
+            return exp.Add(this=bound, expression=_interval(source.window_size_us))
+    return bound
+
+
+def _bounds(stream: exp.Expr) -> exp.Expr:
+    """One row: the end of the materialized windows (until), the windows awaiting repair
+    (corrected) and the first and last of them (NULL when there are none)."""
+    state = exp.select(
+        exp.alias_(exp.func("strata_serial_until", stream), "until"),
+        exp.alias_(exp.func("strata_serial_corrected", stream.copy()), "corrected"),
+    ).subquery("state")
+
+    def edge(aggregate: type[exp.Min] | type[exp.Max]) -> exp.Expr:
+        return (
+            exp.select(aggregate(this=exp.column("w")))
+            .from_(
+                exp.Unnest(
+                    expressions=[exp.column("corrected", table="state")],
+                    alias=exp.TableAlias(
+                        this=exp.to_identifier("c"), columns=[exp.to_identifier("w")]
+                    ),
+                )
+            )
+            .subquery()
+        )
+
+    # OFFSET 0 keeps PostgreSQL from pulling the subquery up into the query, which would
+    # call the functions once per source row instead of once.
+    return (
+        exp.select(
+            exp.column("until", table="state"),
+            exp.column("corrected", table="state"),
+            exp.alias_(edge(exp.Min), "lowest"),
+            exp.alias_(edge(exp.Max), "highest"),
+        )
+        .from_(state)
+        .offset(0)
+        .subquery("bounds")
+    )
+
+
+def _listed_bounds(windows: exp.Expr) -> exp.Expr:
+    """One row: the first and last of the windows ``windows`` (an array) names."""
+
+    def edge(aggregate: type[exp.Min] | type[exp.Max]) -> exp.Expr:
+        return exp.alias_(
+            aggregate(this=exp.column("w")), "lowest" if aggregate is exp.Min else "highest"
+        )
+
+    return (
+        exp.select(edge(exp.Min), edge(exp.Max))
+        .from_(
+            exp.Unnest(
+                expressions=[windows],
+                alias=exp.TableAlias(this=exp.to_identifier("c"), columns=[exp.to_identifier("w")]),
+            )
+        )
+        .offset(0)
+        .subquery("bounds")
+    )
+
+
+def _lateral(bounds: exp.Expr, windows: exp.Select, columns: list[exp.Column]) -> exp.Select:
+    """``windows`` (the query per window over the source, its conditions on ``bounds``) for
+    the one row of ``bounds``."""
+    return (
+        exp.select(*(exp.column(c.name, table="live", quoted=True) for c in columns))
+        .from_(bounds.copy())
+        .join(
+            exp.Lateral(
+                this=windows.subquery(), alias=exp.TableAlias(this=exp.to_identifier("live"))
+            ),
+            join_type="CROSS",
+        )
+    )
+
+
 def _setting(name: str, pg_type: str) -> exp.Expr:
     return exp.cast(exp.func("current_setting", exp.Literal.string(name)), pg_type)
 
@@ -150,8 +249,7 @@ def build_serial(
     window_column = exp.column(naming.SERIAL_WINDOW_COLUMN, quoted=True)
     windows = _setting(naming.SERIAL_WINDOWS_SETTING, "timestamptz[]")
     stream = exp.Literal.string(name)
-    # Scalar subqueries: PostgreSQL evaluates them once per query (an InitPlan), not per row.
-    until = exp.select(exp.func("strata_serial_until", stream)).subquery()
+    # A scalar subquery: PostgreSQL evaluates it once per query (an InitPlan), not per row.
     corrected = exp.cast(  # an array expression, not ANY over a subquery's rows
         exp.select(exp.func("strata_serial_corrected", stream)).subquery(), "timestamptz[]"
     )
@@ -162,32 +260,70 @@ def build_serial(
         .from_(archive.copy())
         .where(exp.not_(_in_windows(window_column.copy(), corrected.copy())))
     )
-    # Windows not materialized yet, or awaiting repair: computed on read. The condition is
-    # on the source's window, so PostgreSQL filters the source before grouping.
-    live_windows = exp.or_(
-        exp.GTE(this=source_start.copy(), expression=until),
-        _in_windows(start.copy(), corrected),
+    # Windows not materialized yet, and windows awaiting repair: computed on read, over the
+    # source rows of those windows only. The bounds are read once per query and reach the
+    # source as parameters of a LATERAL subquery, so a range of the source's time column
+    # (an index condition on the source's consolidated table) and not a filter of every
+    # source row: a materialized range never touches the source.
+    bounds = _bounds(stream)
+    after = exp.column("until", table="bounds")
+    fresh = _and_where(per_window, _source_from(window, after))
+    repaired = _and_where(
+        per_window,
+        exp.and_(
+            _source_from(window, exp.column("lowest", table="bounds")),
+            _source_before(
+                window,
+                exp.Add(
+                    this=exp.column("highest", table="bounds"),
+                    expression=_interval(window.size_us),
+                ),
+            ),
+            _source_before(window, after.copy()),
+            _in_windows(start.copy(), exp.column("corrected", table="bounds")),
+        ),
     )
-    live = exp.select(*columns).from_(_and_where(per_window, live_windows).subquery("live"))
-    view: exp.Query = exp.union(archived, live, distinct=False)
+    view: exp.Query = exp.union(
+        archived,
+        exp.union(
+            _lateral(bounds, fresh, columns), _lateral(bounds, repaired, columns), distinct=False
+        ),
+        distinct=False,
+    )
     if select.args.get("distinct"):
         view = exp.select(*columns).distinct().from_(view.subquery("serial"))
+    # What the workers recompute: the windows of the source rows in [SERIAL_FROM,
+    # SERIAL_TO) and the windows SERIAL_WINDOWS lists, each read as a range of the source's
+    # time column (an index condition on the source's consolidated table).
+    in_range = exp.and_(
+        _source_from(window, _setting(naming.SERIAL_FROM_SETTING, "timestamptz")),
+        _source_before(window, _setting(naming.SERIAL_TO_SETTING, "timestamptz")),
+    )
+    listed_bounds = _listed_bounds(windows.copy())
+    listed = _and_where(
+        per_window,
+        exp.and_(
+            _source_from(window, exp.column("lowest", table="bounds")),
+            _source_before(
+                window,
+                exp.Add(
+                    this=exp.column("highest", table="bounds"),
+                    expression=_interval(window.size_us),
+                ),
+            ),
+            _in_windows(start.copy(), windows.copy()),
+            exp.not_(exp.paren(in_range.copy())),
+        ),
+    )
+    per_window_columns = [
+        *(exp.column(o.name) for o in outputs),
+        exp.column(naming.SERIAL_WINDOW_COLUMN),
+    ]
     serial = SerialStatements(
         windows_query=exp.select(exp.alias_(start.copy(), naming.SERIAL_WINDOW_COLUMN))
         .distinct()
         .from_(exp.alias_(table(window.source.name, naming.PUBLIC_SCHEMA), "src"))
-        .where(
-            exp.and_(
-                exp.GTE(
-                    this=source_start.copy(),
-                    expression=_setting(naming.SERIAL_FROM_SETTING, "timestamptz"),
-                ),
-                exp.LT(
-                    this=source_start.copy(),
-                    expression=_setting(naming.SERIAL_TO_SETTING, "timestamptz"),
-                ),
-            )
-        )
+        .where(in_range.copy())
         .order_by(exp.column(naming.SERIAL_WINDOW_COLUMN))
         .limit(_setting(naming.SERIAL_LIMIT_SETTING, "integer"))
         .sql("postgres"),
@@ -202,9 +338,10 @@ def build_serial(
         ).sql("postgres"),
         insert_statement=exp.Insert(
             this=archive.copy(),
-            expression=_and_where(
-                per_window,
-                exp.or_(_in_windows(start.copy(), windows.copy()), _in_range(source_start.copy())),
+            expression=exp.union(
+                _and_where(per_window, in_range.copy()),
+                _lateral(listed_bounds, listed, per_window_columns),
+                distinct=False,
             ),
         ).sql("postgres"),
     )

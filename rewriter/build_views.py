@@ -157,9 +157,12 @@ def _over_finals(expression: exp.Expr, split: SplitQuery, window: WindowSpec) ->
 def _touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
     """The windows holding unreduced partial rows (late data the reducer has not folded
     yet): a consolidated row of such a window is merged on read. Filtered with IN and NOT
-    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe."""
-    return exp.select(exp.column(naming.WINDOW_START_COLUMN, table="u")).from_(
-        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
+    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe (of the
+    distinct windows, which it expects to fit in memory however many rows wait)."""
+    return (
+        exp.select(exp.column(naming.WINDOW_START_COLUMN, table="u"))
+        .distinct()
+        .from_(exp.alias_(_unreduced_rows(name, split, window), "u", table=True))
     )
 
 
