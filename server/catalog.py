@@ -37,6 +37,7 @@ from rewriter.plan import (
     ReadJoinStreamPlan,
     SerialAggregatePlan,
 )
+from rewriter.resolve_window import GLOBAL_WINDOW_US
 from rewriter.tables import TableColumn, TableSchema
 
 # The streams a batch of runs computes something for (partial rows, mapped rows, joined
@@ -109,6 +110,31 @@ window_lateness = sa.Table(
     sa.Column("late_rows", sa.BigInteger),
     sa.Column("late_runs", sa.BigInteger),
     sa.Column("last_late_at", sa.DateTime(timezone=True)),
+)
+# Per stream and pane (a window of a TUMBLE stream): the raw rows its runs brought and
+# when a run last changed it (server/ingest/progress.py). rows is NULL for the windows a
+# database had before it kept these (migration 0014).
+window_changes = sa.Table(
+    "window_changes",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("rows", sa.BigInteger),
+    sa.Column("runs", sa.BigInteger),
+    sa.Column("last_changed_at", sa.DateTime(timezone=True)),
+)
+# Per windowed aggregate stream, what public.strata_window_status needs of its plan: its
+# window, the stream whose panes place rows into its windows (itself, or a serial stream's
+# source) and its raw sources (the watermarks that close its windows).
+stream_windows = sa.Table(
+    "stream_windows",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("size_us", sa.BigInteger, nullable=False),
+    sa.Column("slide_us", sa.BigInteger, nullable=False),
+    sa.Column("placed_by", sa.Text),
+    sa.Column("pane_us", sa.BigInteger),
+    sa.Column("raw_sources", postgresql.ARRAY(sa.Text), nullable=False),
 )
 
 backfills = sa.Table(
@@ -472,6 +498,45 @@ def track_versions(connection: sa.Connection, sources: tuple[str, ...]) -> None:
 def delete_stream(connection: sa.Connection, name: str) -> None:
     connection.execute(sa.delete(runs).where(runs.c.stream == name))
     connection.execute(sa.delete(streams).where(streams.c.name == name))
+    for kept in (window_changes, window_lateness, stream_windows):
+        connection.execute(sa.delete(kept).where(kept.c.stream == name))
+
+
+def window_facts(plans: Mapping[str, StreamPlan], plan: StreamPlan) -> dict[str, object] | None:
+    """The row of stream_windows for ``plan``, or None for a stream without windows."""
+    if not isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan):
+        return None
+    if plan.window_size_us == GLOBAL_WINDOW_US:  # an aggregate without a window
+        return None
+    placed_by: ParallelAggregatePlan | None = None
+    if isinstance(plan, ParallelAggregatePlan):
+        placed_by = plan
+    else:
+        source = plans.get(plan.source)
+        if isinstance(source, ParallelAggregatePlan):
+            placed_by = source
+    return {
+        "stream": plan.name,
+        "size_us": plan.window_size_us,
+        "slide_us": plan.window_slide_us,
+        "placed_by": placed_by.name if placed_by else None,
+        "pane_us": placed_by.pane_us if placed_by else None,
+        "raw_sources": list(plan.raw_sources),
+    }
+
+
+def record_windows(connection: sa.Connection, plans: Mapping[str, StreamPlan]) -> None:
+    """Write stream_windows for every windowed stream of ``plans`` (idempotent)."""
+    rows = [f for p in plans.values() if (f := window_facts(plans, p)) is not None]
+    if not rows:
+        return
+    insert = postgresql.insert(stream_windows).values(rows)
+    connection.execute(
+        insert.on_conflict_do_update(
+            index_elements=[stream_windows.c.stream],
+            set_={c: insert.excluded[c] for c in rows[0] if c != "stream"},
+        )
+    )
 
 
 def _run(row: sa.Row) -> RunRecord:

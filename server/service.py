@@ -161,6 +161,9 @@ class StrataService:
         for statement in plan.create_statements:
             _execute_plan_sql(connection, statement)
         self._grant_reader(connection, plan.name)
+        catalog.record_windows(
+            connection, {**{n: r.plan for n, r in existing.items()}, plan.name: plan}
+        )
         if isinstance(plan, ParallelAggregatePlan):
             self._plan_backfill(connection, existing, plan)
         if isinstance(plan, JoinStreamPlan):
@@ -254,7 +257,15 @@ class StrataService:
         plan = record.plan
         sources = (plan.name,) if isinstance(plan, RawStreamPlan) else plan.raw_sources
         with self.engine.connect() as connection:
-            shown = stream_progress(connection, plan.name, sources[0])
+            plans = {n: r.plan for n, r in self.plans.load(connection).items()}
+            facts = catalog.window_facts(plans, plan)
+            placed_by = facts["placed_by"] if facts else None
+            shown = stream_progress(
+                connection,
+                plan.name,
+                sources[0],
+                late_rows_of=str(placed_by) if placed_by else None,
+            )
             shown["backfill"] = backfill_progress(connection, plan.name)
             if isinstance(plan, SerialAggregatePlan):
                 shown["serial"] = serial_state(connection, plan.name)

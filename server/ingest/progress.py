@@ -60,6 +60,7 @@ def record_progress(
     late_rows = late_runs = 0
     windows: Counter[tuple[str, int]] = Counter()
     window_runs: Counter[tuple[str, int]] = Counter()
+    record_changes(connection, dependents, times, runs)
     for seq in sorted(seqs):
         run_times = times[runs == seq]
         if run_times.size == 0:
@@ -120,8 +121,58 @@ def record_progress(
     return late_rows
 
 
-def stream_progress(connection: sa.Connection, name: str, raw_source: str) -> dict[str, object]:
-    """What GET /streams/{name} shows about event-time progress and late data."""
+def record_changes(
+    connection: sa.Connection,
+    plans: list[ParallelAggregatePlan],
+    times: np.ndarray,
+    run_of: np.ndarray,
+) -> None:
+    """Add the rows (event times ``times``, in microseconds, of the runs ``run_of``) a
+    commit brings to each pane of each windowed stream of ``plans`` in window_changes."""
+    rows: Counter[tuple[str, int]] = Counter()
+    runs: Counter[tuple[str, int]] = Counter()
+    for plan in plans:
+        if not plan.pane_us:
+            continue  # no window: nothing for strata_window_status
+        panes = times - np.mod(times, plan.pane_us)
+        for start, count in zip(*np.unique(panes, return_counts=True), strict=True):
+            rows[(plan.name, int(start))] += int(count)
+        pairs = np.unique(np.stack([panes, run_of]), axis=1)
+        for start, count in zip(*np.unique(pairs[0], return_counts=True), strict=True):
+            runs[(plan.name, int(start))] += int(count)
+    if not rows:
+        return
+    changes = catalog.window_changes
+    upsert = postgresql.insert(changes).values(
+        [
+            {
+                "stream": stream,
+                "window_start": moment(start),
+                "rows": count,
+                "runs": runs[(stream, start)],
+                "last_changed_at": sa.func.now(),
+            }
+            for (stream, start), count in sorted(rows.items())
+        ]
+    )
+    connection.execute(
+        upsert.on_conflict_do_update(
+            index_elements=[changes.c.stream, changes.c.window_start],
+            set_={
+                "rows": changes.c.rows + upsert.excluded.rows,
+                "runs": changes.c.runs + upsert.excluded.runs,
+                "last_changed_at": sa.func.now(),
+            },
+        )
+    )
+
+
+def stream_progress(
+    connection: sa.Connection, name: str, raw_source: str, *, late_rows_of: str | None = None
+) -> dict[str, object]:
+    """What GET /streams/{name} shows about event-time progress and late data; the late
+    rows of a derived stream are counted per window of ``late_rows_of`` (the stream itself,
+    or the stream a serial stream aggregates)."""
     progress = catalog.stream_progress
     state = connection.execute(sa.select(progress).where(progress.c.stream == raw_source)).first()
     shown: dict[str, object] = {
@@ -141,14 +192,15 @@ def stream_progress(connection: sa.Connection, name: str, raw_source: str) -> di
             ),
         }
     lateness = catalog.window_lateness
+    counted = late_rows_of or name
     totals = connection.execute(
         sa.select(sa.func.coalesce(sa.func.sum(lateness.c.late_rows), 0), sa.func.count()).where(
-            lateness.c.stream == name
+            lateness.c.stream == counted
         )
     ).one()
     latest = connection.execute(
         sa.select(lateness.c.window_start, lateness.c.late_rows, lateness.c.late_runs)
-        .where(lateness.c.stream == name)
+        .where(lateness.c.stream == counted)
         .order_by(lateness.c.last_late_at.desc(), lateness.c.window_start.desc())
         .limit(10)
     ).all()

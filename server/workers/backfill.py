@@ -35,6 +35,7 @@ from server.catalog import PlanCache
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in, copy_out
 from server.ingest.parse import arrow_schema
+from server.ingest.progress import record_changes
 from server.metrics import Metrics
 from server.settings import DEFAULTS
 from server.workers.loop import Worker
@@ -144,6 +145,15 @@ class Backfiller(Worker):
             chain = catalog.lineage(records, plan)
             partial = self._partials(history, chain, source, view)[plan.name]
             copy_in(cursor, partial_archive_table(plan.name), partial)
+            if isinstance(rows_of, RawStreamPlan) and history.num_rows:
+                # The history's rows per window, for strata_window_status (a stream through
+                # a join places rows by the join's rows: not counted).
+                record_changes(
+                    connection,
+                    [plan],
+                    history[rows_of.event_time].cast(pa.int64()).to_numpy(),
+                    history[RUN_COLUMN].to_numpy(),
+                )
             connection.execute(
                 sa.delete(listed).where(listed.c.stream == plan.name, listed.c.run.in_(chunk))
             )

@@ -9,8 +9,8 @@ consolidated tables are new) and its view is replaced: the same columns of the s
 archived, the rows earlier reducers folded included, stay where they are: the view merges
 them on read until the reducer moves them, window by window, into the consolidated tables.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0013
+Revises: 0012
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sqlglot
 from alembic import op
 from sqlglot import exp
 
-revision = "0015"
+revision = "0013"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
