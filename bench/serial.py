@@ -30,11 +30,10 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from bench.harness.catalog import register
 from bench.harness.database import measure, scratch_database
 from bench.harness.errors import BenchError
 from bench.harness.results import Result, check_scale, timed
-from rewriter import rewrite
-from rewriter.plan import StreamPlan
 from server.catalog import PlanCache, create_catalog_engine
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer
@@ -52,21 +51,6 @@ QUERIES = {
     "one hour": "SELECT * FROM {table} WHERE t > '2024-06-01 12:00+00' "
     "AND t <= '2024-06-01 13:00+00' ORDER BY t",
 }
-
-
-def register(conn: psycopg.Connection) -> dict[str, StreamPlan]:
-    plans: dict[str, StreamPlan] = {}
-    for seq, (name, statement) in enumerate(STREAMS.items()):
-        plan = rewrite(statement, plans)
-        plans[name] = plan
-        conn.execute(
-            "INSERT INTO strata_catalog.streams (name, kind, sql, created_seq, created_at) "
-            "VALUES (%s, %s, %s, %s, now())",
-            (name, plan.kind, statement, seq),
-        )
-        for ddl in plan.create_statements:
-            conn.execute(ddl)  # type: ignore[arg-type]  # may contain '%': no params
-    return plans
 
 
 def load(conn: psycopg.Connection, groups: int) -> None:
@@ -91,7 +75,7 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
         scratch_database("strata-bench-serial-") as database,
         psycopg.connect(database.url, autocommit=True) as conn,
     ):
-        register(conn)
+        register(conn, STREAMS)
         load(conn, args.groups)
         conn.execute("CREATE TABLE plain_top AS SELECT * FROM top_per_5")
         conn.execute("CREATE INDEX plain_top_t ON plain_top (t)")

@@ -19,7 +19,9 @@ README = ROOT / "README.md"
 
 
 def test_discovery_and_the_readme_section(tmp_path: Path) -> None:
-    assert {"ingest", "reduce", "backfill", "joins", "pgwire"} <= set(runner.discover())
+    assert {"ingest", "reduce", "backfill", "joins", "pgwire", "dashboard"} <= set(
+        runner.discover()
+    )
     assert not {"run", "__init__", "harness"} & set(runner.discover())
     (tmp_path / "helper.py").write_text("def helper() -> None: ...\n")
     (tmp_path / "mine.py").write_text("def benchmark(scale: str) -> list: ...\n")
@@ -80,7 +82,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
 
     names = sorted(path.stem for path in out.glob("*.json"))  # one per benchmark run
-    assert {"ingest", "reduce", "backfill", "joins"} <= set(names)
+    assert {"ingest", "reduce", "backfill", "joins", "dashboard"} <= set(names)
     for name in names:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["benchmark"] == name and result["scale"] == "smoke"

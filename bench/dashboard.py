@@ -1,0 +1,419 @@
+"""Benchmark of a dashboard: the queries a dashboard sends to Strata's views, caught up and
+with late data waiting, against the same queries over plain tables of the views' rows.
+
+    python -m bench.dashboard [--hours 24] [--groups 1000] [--repeat 5]
+
+What it does, in one process:
+
+1. starts an embedded PostgreSQL in a temporary dir (or uses ``STRATA_DATABASE_URL``) and
+   applies the migrations (bench.harness.database);
+2. registers the streams of STREAMS in the catalog as ``POST /streams`` would
+   (bench.harness.catalog): a raw stream ``ev``; ``per_minute`` (count and revenue per
+   campaign and minute); ``per_5``, its 5-minute roll-up; ``hop`` (count per campaign over
+   sliding 5-minute windows); ``top_per_5`` (MAX over ``per_minute``'s count: serial); and
+   ``sketch`` (approx_percentile and approx_count_distinct per campaign and hour);
+3. fills every parallel stream's partial archive, as Spark would have written it, with one
+   partial row per window and campaign over ``--hours`` hours, from the run (1..20) whose
+   slice of the span holds the window, and sets ``ev``'s watermark to the span's end so that
+   every window is closed;
+4. phase "caught up": runs the reducer and the materializer until they have nothing left
+   to do (VACUUM ANALYZE after each, as autovacuum would);
+5. phase "late": adds late partial rows from 4 more runs (21..24, 20% of the runs), each
+   for all campaigns and every window of one of 4 random slices of the span, into every
+   parallel stream's partial archive, records the corrections they make to ``top_per_5``'s
+   materialized windows (as a run's commit would), and reduces nothing;
+6. in each phase, for each query of QUERIES: ``CREATE TABLE plain_<view> AS SELECT * FROM
+   <view>`` indexed on (t, campaign) or (t), and times the query on the view and on the
+   plain table (median of ``--repeat`` after one untimed run); both must give identical
+   rows, or the benchmark fails.
+
+Prints a table of the medians and their ratios. The goals: at most 1.5 times the plain
+table caught up, at most 3 times with late data waiting; missing them does not fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from bench.harness.catalog import register
+from bench.harness.database import Measurement, measure, scalar, scratch_database
+from bench.harness.errors import BenchError
+from bench.harness.results import Result, check_scale
+from rewriter.naming import (
+    INTERNAL_SCHEMA,
+    consolidated_table,
+    partial_archive_table,
+    serial_archive_table,
+)
+from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from server.catalog import PlanCache, create_catalog_engine
+from server.workers.reducer import Reducer
+from server.workers.serial import Materializer
+
+DAY = datetime(2024, 6, 1, tzinfo=UTC)
+RUNS = 20  # on-time runs, each covering 1/RUNS of the span
+LATE_RUNS = 4  # late runs 21..24, each for one slice of the span
+SEED = 2024
+GOALS = {"caught up": 1.5, "late": 3.0}  # the view's median / the plain table's, at most
+STREAMS = {
+    "ev": "CREATE STREAM ev (campaign text, user_id bigint, price double precision, "
+    "t timestamptz) WITH (event_time = 't')",
+    "per_minute": "CREATE STREAM per_minute AS SELECT campaign, count(*) AS n, "
+    "sum(price) AS revenue, window_end AS t "
+    "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY campaign, window_end",
+    "per_5": "CREATE STREAM per_5 AS SELECT campaign, sum(n) AS n, sum(revenue) AS revenue, "
+    "window_end AS t FROM TUMBLE(per_minute, t, INTERVAL '5 minutes') "
+    "GROUP BY campaign, window_end",
+    "hop": "CREATE STREAM hop AS SELECT campaign, count(*) AS n, window_end AS t "
+    "FROM HOP(ev, t, INTERVAL '1 minute', INTERVAL '5 minutes') GROUP BY campaign, window_end",
+    "top_per_5": "CREATE STREAM top_per_5 AS SELECT max(n) AS top, count(*) AS campaigns, "
+    "window_end AS t FROM TUMBLE(per_minute, t, INTERVAL '5 minutes') GROUP BY window_end",
+    "sketch": "CREATE STREAM sketch AS SELECT campaign, approx_percentile(price, 0.95) AS p95, "
+    "approx_count_distinct(user_id) AS users, window_end AS t "
+    "FROM TUMBLE(ev, t, INTERVAL '1 hour') GROUP BY campaign, window_end",
+}
+# Where a new window starts, per parallel stream (a hopping window's start moves by the hop).
+STEPS = {
+    "per_minute": timedelta(minutes=1),
+    "per_5": timedelta(minutes=5),
+    "hop": timedelta(minutes=1),
+    "sketch": timedelta(hours=1),
+}
+# A partial state per state name, of the window number w, the campaign number g and a salt
+# (0 on time, the run when late). Sums are multiples of 0.25, exact in double precision, so
+# that the view and the plain table add them up to the same bits in any order.
+N = "((w * g + salt) %% 17 + 1)"  # %%: the statement has parameters
+STATES = {
+    "count": N,
+    "sum": f"{N} * (g %% 7 + 1) * 0.25",
+    "ddsketch": "jsonb_build_object(strata_ddsketch_bucket((g %% 97 + 1) * 0.5 + salt)::text, "
+    f"{N})",
+    "kmv": "ARRAY(SELECT hashtextextended((g * 100 + (w + salt + k) %% 100)::text, 0) "
+    "FROM generate_series(1, 3) k ORDER BY 1)",
+}
+# Every state of a row: the slice's run, the window's start, the campaign.
+FILL = (
+    "INSERT INTO {archive} ({columns}) "
+    "SELECT {run}, ws, 'c' || g, {states} "
+    "FROM (SELECT w, %(start)s + w * %(step)s AS ws FROM generate_series(0, %(windows)s - 1) w) "
+    "AS windows, generate_series(1, %(groups)s) g, (SELECT %(salt)s AS salt) AS salted "
+    "WHERE ws >= %(lo)s AND ws < %(hi)s"
+)
+
+
+@dataclass(frozen=True)
+class Query:
+    view: str
+    name: str
+    template: str  # over {rel}; {lo}, {hi}: the 6-hour filter; {hour}, {hour_end}: one hour
+
+
+QUERIES = [
+    Query(
+        "per_minute",
+        "per-minute series, 6 hours",
+        "SELECT t, sum(n) FROM {rel} WHERE t >= '{lo}' AND t < '{hi}' GROUP BY t ORDER BY t",
+    ),
+    Query(
+        "per_minute",
+        "per-hour revenue by campaign",
+        "SELECT date_trunc('hour', t) AS hour, campaign, sum(revenue) FROM {rel} "
+        "GROUP BY 1, 2 ORDER BY 1, 2",
+    ),
+    Query("per_minute", "big number", "SELECT sum(n), sum(revenue) FROM {rel}"),
+    Query(
+        "per_minute",
+        "top 10 campaigns, last day",
+        "SELECT campaign, sum(revenue) AS revenue FROM {rel} "
+        "WHERE t > '{end}'::timestamptz - interval '1 day' AND t <= '{end}' "
+        "GROUP BY campaign ORDER BY revenue DESC, campaign LIMIT 10",
+    ),
+    Query(
+        "per_minute",
+        "one campaign, one hour",
+        "SELECT t, n, revenue FROM {rel} WHERE campaign = 'c7' "
+        "AND t > '{hour}' AND t <= '{hour_end}' ORDER BY t",
+    ),
+    Query(
+        "per_5",
+        "5-minute roll-up by hour",
+        "SELECT date_trunc('hour', t) AS hour, sum(n), sum(revenue) FROM {rel} "
+        "GROUP BY 1 ORDER BY 1",
+    ),
+    Query(
+        "hop",
+        "per-hour sum, 6 hours",
+        "SELECT date_trunc('hour', t) AS hour, sum(n) FROM {rel} "
+        "WHERE t >= '{lo}' AND t < '{hi}' GROUP BY 1 ORDER BY 1",
+    ),
+    Query(
+        "top_per_5",
+        "serial by hour",
+        "SELECT date_trunc('hour', t) AS hour, max(top) FROM {rel} GROUP BY 1 ORDER BY 1",
+    ),
+    Query(
+        "sketch",
+        "p95 and users by campaign",
+        "SELECT campaign, max(p95), sum(users) FROM {rel} GROUP BY campaign ORDER BY campaign",
+    ),
+]
+BASELINE = "the same query over a plain table of the view's rows"
+
+
+@dataclass(frozen=True)
+class Span:
+    """The event time the data covers, and the ranges the dashboard's filters ask for."""
+
+    hours: int
+
+    @property
+    def end(self) -> datetime:
+        return DAY + timedelta(hours=self.hours)
+
+    def slice(self, index: int) -> tuple[datetime, datetime]:
+        """The window starts of run ``index + 1``'s slice of the span."""
+        length = timedelta(hours=self.hours) / RUNS
+        return DAY + index * length, DAY + (index + 1) * length
+
+    def sql(self, query: Query, rel: str) -> str:
+        lo = DAY + timedelta(hours=self.hours) / 4  # 6 hours from 06:00 over a day
+        hour = DAY + timedelta(hours=self.hours) / 2
+        return query.template.format(
+            rel=rel,
+            lo=lo.isoformat(sep=" "),
+            hi=(lo + timedelta(hours=6)).isoformat(sep=" "),
+            end=self.end.isoformat(sep=" "),
+            hour=hour.isoformat(sep=" "),
+            hour_end=(hour + timedelta(hours=1)).isoformat(sep=" "),
+        )
+
+
+# ---- data ------------------------------------------------------------------------------
+
+
+def parallel_plans(plans: dict[str, StreamPlan]) -> list[ParallelAggregatePlan]:
+    return [p for p in plans.values() if isinstance(p, ParallelAggregatePlan)]
+
+
+def fill(
+    conn: psycopg.Connection,
+    plan: ParallelAggregatePlan,
+    span: Span,
+    groups: int,
+    *,
+    late: tuple[int, int] | None = None,  # (slice, run): a late run's rows for one slice
+) -> None:
+    """Partial rows for every window and campaign of the span (on time: from the run of
+    the window's slice), or of one slice (late)."""
+    states = {s.column: s.name for a in plan.aggregates for s in a.states}
+    unknown = set(states.values()) - set(STATES)
+    if unknown:
+        raise BenchError(f"{plan.name} has states this benchmark cannot generate: {unknown}")
+    step = STEPS[plan.name]
+    windows = int(timedelta(hours=span.hours) / step)
+    key = next(c for c, _ in plan.partial_columns if c.startswith("key_"))
+    columns = ["strata_run", "window_start", key, *states]
+    if late is None:
+        run, salt, (lo, hi) = f"w * {RUNS} / {windows} + 1", 0, (DAY, span.end)
+    else:
+        run, salt, (lo, hi) = str(late[1]), late[1], span.slice(late[0])
+    statement = FILL.format(
+        archive=f'"{INTERNAL_SCHEMA}"."{partial_archive_table(plan.name)}"',
+        columns=", ".join(f'"{c}"' for c in columns),
+        run=run,
+        states=", ".join(STATES[name] for name in states.values()),
+    )
+    params = {"start": DAY, "step": step, "windows": windows, "groups": groups}
+    conn.execute(statement, params | {"salt": salt, "lo": lo, "hi": hi})  # type: ignore[arg-type]
+
+
+def vacuum(conn: psycopg.Connection) -> None:
+    """VACUUM ANALYZE of every internal table, as autovacuum would after a worker's pass."""
+    tables = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s", (INTERNAL_SCHEMA,)
+    ).fetchall()
+    for (table,) in tables:
+        conn.execute(f'VACUUM ANALYZE "{INTERNAL_SCHEMA}"."{table}"')  # type: ignore[arg-type]
+
+
+def internal_rows(conn: psycopg.Connection, table: str) -> int:
+    return int(scalar(conn, f'SELECT count(*) FROM "{INTERNAL_SCHEMA}"."{table}"'))
+
+
+def shape(conn: psycopg.Connection, plans: dict[str, StreamPlan]) -> str:
+    """Rows waiting in each partial archive and reduced in each consolidated table, and the
+    serial stream's archived windows."""
+    counts = ", ".join(
+        f"{p.name} {internal_rows(conn, partial_archive_table(p.name)):,}"
+        f"/{internal_rows(conn, consolidated_table(p.name)):,}"
+        for p in parallel_plans(plans)
+    )
+    windows = internal_rows(conn, serial_archive_table("top_per_5"))
+    return f"partial/reduced rows {counts}; top_per_5 windows archived {windows}"
+
+
+def catch_up(conn: psycopg.Connection, url: str) -> None:
+    """The reducer folds every partial row, then the materializer archives every closed
+    window of the serial stream, each until it has nothing left to do."""
+    engine = create_catalog_engine(url)
+    try:
+        for worker in (
+            Reducer(engine, PlanCache(), min_rows=0, max_groups=1_000_000),
+            Materializer(engine, PlanCache(), batch=1000),
+        ):
+            for _ in range(10):
+                done = worker.run_once()
+                vacuum(conn)
+                if not any(done.values()):
+                    break
+    finally:
+        engine.dispose()
+
+
+def add_late_runs(
+    conn: psycopg.Connection, plans: dict[str, StreamPlan], span: Span, groups: int
+) -> list[int]:
+    """Late runs 21..24 for 4 random slices; records the corrections of ``top_per_5``'s
+    materialized windows that ``per_minute``'s late rows reach, as their commit would.
+    Returns the slices."""
+    slices = sorted(random.Random(SEED).sample(range(RUNS), LATE_RUNS))
+    for offset, index in enumerate(slices):
+        for plan in parallel_plans(plans):
+            fill(conn, plan, span, groups, late=(index, RUNS + 1 + offset))
+    conn.execute(
+        "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, noted_at) "
+        "SELECT 'top_per_5', date_bin('5 minutes', window_start + interval '1 minute', %s), "
+        "count(*), now() FROM strata_internal.per_minute__partial WHERE strata_run > %s "
+        "GROUP BY 2",
+        (DAY, RUNS),
+    )
+    vacuum(conn)
+    return slices
+
+
+# ---- queries ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timed:
+    phase: str
+    query: Query
+    view: Measurement
+    plain: Measurement
+
+    @property
+    def ratio(self) -> float:
+        return self.view.median_ms / self.plain.median_ms if self.plain.median_ms else 0.0
+
+
+def plain_tables(conn: psycopg.Connection) -> None:
+    """``plain_<view>``: the view's rows, indexed as a dashboard's table would be."""
+    for view in dict.fromkeys(q.view for q in QUERIES):
+        plain = f"plain_{view}"
+        conn.execute(f"DROP TABLE IF EXISTS {plain}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE TABLE {plain} AS SELECT * FROM {view}")  # type: ignore[arg-type]
+        columns = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+            (plain,),
+        ).fetchall()
+        key = "t, campaign" if ("campaign",) in columns else "t"
+        conn.execute(f"CREATE INDEX {plain}_t ON {plain} ({key})")  # type: ignore[arg-type]
+        conn.execute(f"ANALYZE {plain}")  # type: ignore[arg-type]
+
+
+def time_queries(conn: psycopg.Connection, phase: str, span: Span, repeat: int) -> list[Timed]:
+    plain_tables(conn)
+    timed = []
+    for query in QUERIES:
+        view = measure(conn, span.sql(query, query.view), repeat)
+        plain = measure(conn, span.sql(query, f"plain_{query.view}"), repeat)
+        if view.result != plain.result:
+            raise BenchError(f"{phase}, {query.name}: the view and the plain table disagree")
+        if not view.result:
+            raise BenchError(f"{phase}, {query.name}: no rows")
+        timed.append(Timed(phase, query, view, plain))
+    return timed
+
+
+def run_benchmark(args: argparse.Namespace) -> list[Result]:
+    span = Span(args.hours)
+    with (
+        scratch_database("strata-bench-dashboard-") as database,
+        psycopg.connect(database.url, autocommit=True) as conn,
+    ):
+        plans = register(conn, STREAMS)
+        for plan in parallel_plans(plans):
+            fill(conn, plan, span, args.groups)
+        conn.execute(
+            "INSERT INTO strata_catalog.stream_progress (stream, watermark, rows, runs, "
+            "late_rows, late_runs) VALUES ('ev', %s, 0, %s, 0, 0)",
+            (span.end, RUNS),
+        )
+        vacuum(conn)
+        catch_up(conn, database.url)
+        print(f"caught up: {shape(conn, plans)}")
+        timings = time_queries(conn, "caught up", span, args.repeat)
+        slices = add_late_runs(conn, plans, span, args.groups)
+        print(f"late runs for slices {slices}: {shape(conn, plans)}")
+        timings += time_queries(conn, "late", span, args.repeat)
+    print(f"{args.hours} hours x {args.groups} campaigns, medians of {args.repeat}")
+    print(f"{'phase':<10} {'query':<42} {'view ms':>9} {'plain ms':>9} {'ratio':>7}  goal")
+    for t in timings:
+        print(
+            f"{t.phase:<10} {t.query.view + ': ' + t.query.name:<42} {t.view.median_ms:>9.2f} "
+            f"{t.plain.median_ms:>9.2f} {t.ratio:>7.2f}  <= {GOALS[t.phase]}"
+        )
+    return [
+        Result(
+            figure=f"dashboard {t.phase}: {t.query.view}: {t.query.name}",
+            value=t.view.median_ms,
+            baseline=t.plain.median_ms,
+            baseline_name=BASELINE,
+            unit="ms",
+            better="lower",
+            notes=f"goal: at most {GOALS[t.phase]}x the plain table",
+            context={"hours": args.hours, "groups": args.groups, "repeat": args.repeat},
+        )
+        for t in timings
+    ]
+
+
+# The arguments of each scale of bench/run.py (full: the defaults).
+SCALES = {"smoke": ["--hours", "2", "--groups", "20", "--repeat", "2"], "full": []}
+
+
+def benchmark(scale: str) -> list[Result]:
+    """bench/run.py's entry (see bench.harness.results)."""
+    logging.basicConfig(level=logging.WARNING)
+    return run_benchmark(_parser().parse_args(SCALES[check_scale(scale)]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.hours <= 0 or args.groups <= 0 or args.repeat <= 0:
+        parser.error("--hours, --groups and --repeat must be positive")
+    logging.basicConfig(level=logging.WARNING)
+    run_benchmark(args)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hours", type=int, default=24, help="hours of event time (24)")
+    parser.add_argument("--groups", type=int, default=1000, help="campaigns (1000)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per query (5)")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())
