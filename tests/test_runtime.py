@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from server.engines.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres
+from server.engines.embedded_pg import POSTGRES_BIN_PATH, READ_SETTINGS_FILE, EmbeddedPostgres
 from server.engines.java import find_java_home, java_version
 from server.errors import EmbeddedPostgresError
 
@@ -101,6 +101,27 @@ def test_start_stop_restart_keeps_url_and_data(tmp_path: Path, make_pg: MakePg) 
     assert pg.start() == url  # the port was persisted
     assert pg.pid != first_pid
     assert psql(url, "SELECT x FROM kept") == "42"
+
+
+def test_read_settings_apply_to_every_data_dir_and_the_operator_overrides_them(
+    tmp_path: Path, make_pg: MakePg
+) -> None:
+    pg = make_pg(tmp_path / "pg")
+    url = pg.start()
+    assert psql(url, "SHOW work_mem") == "64MB"
+    assert psql(url, "SHOW jit") == "off"
+    pg.stop()
+    # A data dir of an earlier release: no include, and the operator's own work_mem.
+    conf = pg.pgdata / "postgresql.conf"
+    conf.write_text(conf.read_text().split("\n", 1)[1] + "work_mem = '32MB'\n")
+    (pg.pgdata / READ_SETTINGS_FILE).unlink()
+    pg.start()
+    assert psql(url, "SHOW work_mem") == "32MB"  # the operator's setting wins
+    assert psql(url, "SHOW random_page_cost") == "1.1"
+    assert conf.read_text().count(READ_SETTINGS_FILE) == 1
+    pg.stop()
+    pg.start()  # and at every start, once
+    assert conf.read_text().count(READ_SETTINGS_FILE) == 1
 
 
 def test_start_from_a_second_object_reuses_the_running_server(

