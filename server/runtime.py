@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from server import faults
 from server.catalog import PlanCache, create_catalog_engine, migrate
+from server.comments import comment_all
 from server.engines.backend import SparkBackend
 from server.engines.embedded_pg import EmbeddedPostgres, Supervisor, stored_url
 from server.engines.spark import create_spark_session, jvm_pid, kill_driver_jvms
@@ -169,6 +170,7 @@ def running(settings: Settings, shutdown: Shutdown | None = None) -> Iterator[Ru
         engine = create_catalog_engine(database_url)
         migrate(engine)
         configure_reader(engine, secret(settings, "reader_password"))
+        comment_all(engine)
         log.info("starting Spark (%s)", settings.spark_master or "local")
 
         def start_spark() -> SparkSession:

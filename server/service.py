@@ -34,6 +34,7 @@ from rewriter.plan import JoinStreamPlan
 from rewriter.tables import TableSchema, referenced_names
 from server import catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
+from server.comments import comment_statements
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
 from server.ingest.archive import internal_table
 from server.ingest.parse import parse_run
@@ -161,6 +162,10 @@ class StrataService:
         for statement in plan.create_statements:
             _execute_plan_sql(connection, statement)
         self._grant_reader(connection, plan.name)
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        for comment in comment_statements(plan, text):
+            driver.execute(comment)
         catalog.record_windows(
             connection, {**{n: r.plan for n, r in existing.items()}, plan.name: plan}
         )
