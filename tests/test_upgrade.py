@@ -396,6 +396,12 @@ def test_todays_server_carries_on_with_a_database_0_1_0_left(
             assert listed == {"clicks", *V0_1_0_ORACLES}
             assert routines(fresh_db) == expected
             assert wrong_views(strata) == []
+            # The windows 0.1.0 archived are in strata_window_status, their rows unknown.
+            status = strata.query(
+                "SELECT count(*), count(*) FILTER (WHERE rows IS NULL), count(DISTINCT stream) "
+                "FROM strata_window_status"
+            )[0]
+            assert status[0] > 0 and status[1] == status[0] and status[2] >= 2
             progress = strata.client.get("/streams/top_per_5_minutes").json()["progress"]
             assert progress["serial"]["windows_awaiting_repair"] == 1
 
