@@ -388,6 +388,7 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
         "impsn_top",
         "impsns",
         "later",
+        "strata_window_status",
     ]
 
 

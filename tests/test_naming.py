@@ -27,6 +27,7 @@ from rewriter import (
     naming,
     rewrite,
 )
+from server import catalog
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine
 from server.engines.backend import SparkBackend
 from server.runtime import assemble
@@ -185,18 +186,24 @@ def old_database(
             old_naming.setattr(StrataService, "_grant_reader", staticmethod(lambda c, n: None))
             settings = Settings(data_dir=tmp_path / "old", database_url=fresh_db, workers=())
             service = assemble(settings, fresh_db, engine, SparkBackend(spark)).service
-            # Today's catalog code reads the column migration 0011 adds; it is there only
-            # while the streams are made (they join no table, so it stays NULL).
+            # Today's catalog code reads the column migration 0011 adds and writes the
+            # tables 0014 adds; they are there only while the streams are made (they join
+            # no table, so the column stays NULL).
+            later = [catalog.stream_windows, catalog.window_changes]
             with engine.begin() as connection:
                 connection.execute(
                     sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb")
                 )
+                for table in later:
+                    table.create(connection)
             for statement in STATEMENTS.values():
                 service.create_stream(statement)
             with engine.begin() as connection:
                 connection.execute(
                     sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables")
                 )
+                for table in later:
+                    table.drop(connection)
         yield fresh_db
     finally:
         engine.dispose()

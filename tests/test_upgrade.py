@@ -598,3 +598,51 @@ def test_existing_streams_keep_their_column_names_after_the_naming_change(
             "count",
             "window_end",
         ]
+
+
+def test_downgrading_below_the_consolidated_tables_keeps_views_exact(strata: Strata) -> None:
+    """The views 0013's downgrade leaves merge the consolidated rows with the unreduced ones
+    on read, and upgrading again reads the consolidated tables as before."""
+    strata.create("CREATE STREAM ev (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM per_minute AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.create(
+        "CREATE STREAM sliding AS SELECT campaign, count(*) AS n, window_start FROM "
+        "HOP(ev, t, INTERVAL '1 minute', INTERVAL '3 minutes') GROUP BY campaign, window_start"
+    )
+    rng = random.Random(4)
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+
+    def run() -> str:
+        return "".join(
+            json.dumps(
+                {
+                    "campaign": rng.choice(["a", "b"]),
+                    "t": (start + timedelta(seconds=rng.uniform(0, 600))).isoformat(),
+                }
+            )
+            + "\n"
+            for _ in range(40)
+        )
+
+    strata.ingest("ev", run())
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    strata.ingest("ev", run())  # unreduced, beside the consolidated rows
+    views = {v: sorted(strata.query(f"SELECT * FROM {v}")) for v in ("per_minute", "sliding")}
+    config = alembic_config()
+    with strata.service.engine.connect() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0012")
+        connection.commit()
+    assert strata.query("SELECT version_num FROM strata_catalog.alembic_version") == [("0012",)]
+    assert (
+        "__reduced"
+        not in strata.query("SELECT pg_get_viewdef('per_minute')")[0][0].split("UNION ALL")[0]
+    )
+    for view, rows in views.items():
+        assert sorted(strata.query(f"SELECT * FROM {view}")) == rows, view
+    migrate(strata.service.engine)
+    for view, rows in views.items():
+        assert sorted(strata.query(f"SELECT * FROM {view}")) == rows, view

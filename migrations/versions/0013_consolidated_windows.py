@@ -51,4 +51,29 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the previous release's views read no consolidated table")
+    """Views the previous release can serve: each merges all of its stream's partial rows
+    on read, the unreduced ones and the consolidated ones (their states), so they stay
+    exact while that release's reducer folds the partial archive alone. The consolidated
+    tables stay, with what they held; upgrading again reads them as before."""
+    from rewriter.plan import ParallelAggregatePlan
+    from server.catalog import PlanCache
+
+    connection = op.get_bind()
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    for name, record in PlanCache().load(connection).items():
+        if isinstance(record.plan, ParallelAggregatePlan):
+            view = sqlglot.parse_one(record.plan.view_query, read="postgres")
+            if isinstance(view, exp.Union):  # consolidated rows as they are, then merged ones
+                merged = view.expression
+                partials = merged.find(exp.Union)
+                assert partials is not None
+                partials.expression.set("where", None)  # every consolidated row, merged
+                view = merged
+            create = exp.Create(
+                this=exp.table_(name, db="public", quoted=True),
+                kind="VIEW",
+                expression=view,
+                replace=True,
+            )
+            driver.execute(create.sql("postgres"))

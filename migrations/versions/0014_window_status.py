@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 revision = "0014"
 down_revision = "0013"
@@ -32,7 +31,7 @@ depends_on = None
 CATALOG = "strata_catalog"
 
 STATUS_VIEW = """
-CREATE VIEW public.strata_window_status AS
+CREATE OR REPLACE VIEW public.strata_window_status AS
 WITH placed AS (
     SELECT s.stream, w.window_start, c.rows, c.last_changed_at, l.late_rows, l.last_late_at
       FROM strata_catalog.stream_windows s
@@ -90,24 +89,16 @@ COMMENTS = {
 
 
 def upgrade() -> None:
-    op.create_table(
-        "window_changes",
-        sa.Column("stream", sa.Text, primary_key=True),
-        sa.Column("window_start", sa.DateTime(timezone=True), primary_key=True),
-        sa.Column("rows", sa.BigInteger),
-        sa.Column("runs", sa.BigInteger),
-        sa.Column("last_changed_at", sa.DateTime(timezone=True)),
-        schema=CATALOG,
+    # IF NOT EXISTS: a database rewound to an earlier revision by hand meets them again.
+    op.execute(
+        f"CREATE TABLE IF NOT EXISTS {CATALOG}.window_changes (stream text NOT NULL, "
+        "window_start timestamptz NOT NULL, rows bigint, runs bigint, "
+        "last_changed_at timestamptz, PRIMARY KEY (stream, window_start))"
     )
-    op.create_table(
-        "stream_windows",
-        sa.Column("stream", sa.Text, primary_key=True),
-        sa.Column("size_us", sa.BigInteger, nullable=False),
-        sa.Column("slide_us", sa.BigInteger, nullable=False),
-        sa.Column("placed_by", sa.Text),
-        sa.Column("pane_us", sa.BigInteger),
-        sa.Column("raw_sources", postgresql.ARRAY(sa.Text), nullable=False),
-        schema=CATALOG,
+    op.execute(
+        f"CREATE TABLE IF NOT EXISTS {CATALOG}.stream_windows (stream text PRIMARY KEY, "
+        "size_us bigint NOT NULL, slide_us bigint NOT NULL, placed_by text, pane_us bigint, "
+        "raw_sources text[] NOT NULL)"
     )
     _existing_streams()
     op.execute(STATUS_VIEW)
