@@ -63,6 +63,18 @@ def _source_before(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
     )
 
 
+def _listed_windows(window: WindowSpec) -> list[exp.Expr]:
+    """Source rows of the windows from ``bounds.lowest`` to ``bounds.highest`` (a range
+    of the source's time column, narrowed further by the windows listed)."""
+    last_end = exp.Add(
+        this=exp.column("highest", table="bounds"), expression=_interval(window.size_us)
+    )
+    return [
+        _source_from(window, exp.column("lowest", table="bounds")),
+        _source_before(window, last_end),
+    ]
+
+
 def _shifted(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
     source = window.source
     if isinstance(source, WindowedAggregatePlan):
@@ -271,14 +283,7 @@ def build_serial(
     repaired = _and_where(
         per_window,
         exp.and_(
-            _source_from(window, exp.column("lowest", table="bounds")),
-            _source_before(
-                window,
-                exp.Add(
-                    this=exp.column("highest", table="bounds"),
-                    expression=_interval(window.size_us),
-                ),
-            ),
+            *_listed_windows(window),
             _source_before(window, after.copy()),
             _in_windows(start.copy(), exp.column("corrected", table="bounds")),
         ),
@@ -303,14 +308,7 @@ def build_serial(
     listed = _and_where(
         per_window,
         exp.and_(
-            _source_from(window, exp.column("lowest", table="bounds")),
-            _source_before(
-                window,
-                exp.Add(
-                    this=exp.column("highest", table="bounds"),
-                    expression=_interval(window.size_us),
-                ),
-            ),
+            *_listed_windows(window),
             _in_windows(start.copy(), windows.copy()),
             exp.not_(exp.paren(in_range.copy())),
         ),

@@ -95,28 +95,11 @@ def record_progress(
         )
     )
     if windows:
-        lateness = catalog.window_lateness
-        upsert = postgresql.insert(lateness).values(
-            [
-                {
-                    "stream": stream,
-                    "window_start": moment(start),
-                    "late_rows": count,
-                    "late_runs": window_runs[(stream, start)],
-                    "last_late_at": sa.func.now(),
-                }
-                for (stream, start), count in windows.items()
-            ]
-        )
-        connection.execute(
-            upsert.on_conflict_do_update(
-                index_elements=[lateness.c.stream, lateness.c.window_start],
-                set_={
-                    "late_rows": lateness.c.late_rows + upsert.excluded.late_rows,
-                    "late_runs": lateness.c.late_runs + upsert.excluded.late_runs,
-                    "last_late_at": sa.func.now(),
-                },
-            )
+        _add_per_window(
+            connection,
+            catalog.window_lateness,
+            {"late_rows": windows, "late_runs": window_runs},
+            stamp="last_late_at",
         )
     return late_rows
 
@@ -142,26 +125,38 @@ def record_changes(
             runs[(plan.name, int(start))] += int(count)
     if not rows:
         return
-    changes = catalog.window_changes
-    upsert = postgresql.insert(changes).values(
+    _add_per_window(
+        connection, catalog.window_changes, {"rows": rows, "runs": runs}, stamp="last_changed_at"
+    )
+
+
+def _add_per_window(
+    connection: sa.Connection,
+    table: sa.Table,
+    counts: dict[str, Counter[tuple[str, int]]],
+    *,
+    stamp: str,
+) -> None:
+    """Add ``counts`` (column -> (stream, window start) -> count) to ``table``'s rows, and
+    set its ``stamp`` column to now, in one upsert."""
+    keys = sorted(next(iter(counts.values())))
+    upsert = postgresql.insert(table).values(
         [
             {
                 "stream": stream,
                 "window_start": moment(start),
-                "rows": count,
-                "runs": runs[(stream, start)],
-                "last_changed_at": sa.func.now(),
+                **{column: counted[(stream, start)] for column, counted in counts.items()},
+                stamp: sa.func.now(),
             }
-            for (stream, start), count in sorted(rows.items())
+            for stream, start in keys
         ]
     )
     connection.execute(
         upsert.on_conflict_do_update(
-            index_elements=[changes.c.stream, changes.c.window_start],
+            index_elements=[table.c.stream, table.c.window_start],
             set_={
-                "rows": changes.c.rows + upsert.excluded.rows,
-                "runs": changes.c.runs + upsert.excluded.runs,
-                "last_changed_at": sa.func.now(),
+                **{column: table.c[column] + upsert.excluded[column] for column in counts},
+                stamp: sa.func.now(),
             },
         )
     )
