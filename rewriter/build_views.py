@@ -157,13 +157,42 @@ def _over_finals(expression: exp.Expr, split: SplitQuery, window: WindowSpec) ->
 def _touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
     """The windows holding unreduced partial rows (late data the reducer has not folded
     yet): a consolidated row of such a window is merged on read. Filtered with IN and NOT
-    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe (of the
-    distinct windows, which it expects to fit in memory however many rows wait)."""
-    return (
-        exp.select(exp.column(naming.WINDOW_START_COLUMN, table="u"))
-        .distinct()
-        .from_(exp.alias_(_unreduced_rows(name, split, window), "u", table=True))
+    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe.
+
+    The distinct panes are found by skipping through the partial archive's index, one
+    probe per pane (a recursive query), not by reading every unreduced row."""
+    archive = table(naming.partial_archive_table(name))
+    start = naming.WINDOW_START_COLUMN
+    pending = exp.column("s", table="pending")
+    first = (
+        exp.select(exp.alias_(exp.column(start), "s"))
+        .from_(archive.copy())
+        .order_by(exp.column(start))
+        .limit(1)
     )
+    following = (
+        exp.select(
+            exp.select(exp.column(start))
+            .from_(archive.copy())
+            .where(exp.GT(this=exp.column(start), expression=pending.copy()))
+            .order_by(exp.column(start))
+            .limit(1)
+            .subquery()
+        )
+        .from_("pending")
+        .where(exp.not_(pending.copy().is_(exp.null())))
+    )
+    panes = (
+        exp.select(exp.alias_(exp.column("s"), start))
+        .from_("pending")
+        .where(exp.not_(exp.column("s").is_(exp.null())))
+        .with_(
+            "pending", as_=exp.union(first.subquery(), following, distinct=False), recursive=True
+        )
+    )
+    if not window.is_hop:
+        return panes
+    return _expanded(panes.subquery(), [], window).distinct()
 
 
 def _in_touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
@@ -377,7 +406,9 @@ def consolidated_statements(
     ]
     keys = [exp.column(k.column) for k in split.keys]
     start = exp.column(naming.WINDOW_START_COLUMN)
-    indexed: list[tuple[str, exp.Table, list[exp.Expr]]] = [("state_window", states, [start])]
+    indexed: list[tuple[str, exp.Table, list[exp.Expr]]] = [
+        ("state_window", states, [start, *(k.copy() for k in keys)])
+    ]
     if window.is_global:
         indexed.append(("window", target, [start.copy(), *keys]))
     else:

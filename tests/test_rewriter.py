@@ -13,6 +13,7 @@ from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
+import sqlglot
 
 from rewriter import (
     ParallelAggregatePlan,
@@ -177,13 +178,15 @@ def test_an_aggregate_over_a_join_is_a_join_stream_and_an_aggregate_over_it() ->
     assert isinstance(plan, ParallelAggregatePlan)
     assert plan.source == "spend__rows"
     # Reduced windows read as they are kept; the others merge the join's partials on read.
-    reduced, merged = plan.view_query.split(" UNION ALL ", 1)
+    view = sqlglot.parse_one(plan.view_query, read="postgres")
+    assert isinstance(view, sqlglot.exp.Union)
+    reduced, merged = (part.sql("postgres").lower() for part in (view.this, view.expression))
     assert reduced.startswith(
-        'SELECT key_0 AS "owner", final_0 AS "revenue", window_end AS "t" '
-        'FROM "strata_internal"."spend__reduced"'
+        'select key_0 as "owner", final_0 as "revenue", window_end as "t" '
+        'from "strata_internal"."spend__reduced"'
     )
     assert merged.startswith(
-        'SELECT key_0 AS "owner", CAST(SUM(agg_0_sum) AS DECIMAL) AS "revenue", '
-        "window_start + INTERVAL '1 minute' AS \"t\" FROM (SELECT window_start, key_0, "
-        'agg_0_sum FROM "strata_internal"."spend__partial"'
+        'select key_0 as "owner", cast(sum(agg_0_sum) as decimal) as "revenue", '
+        "window_start + interval '1 minute' as \"t\" from (select window_start, key_0, "
+        'agg_0_sum from "strata_internal"."spend__partial"'
     )
