@@ -213,6 +213,18 @@ def inner_stream(stream: str) -> str:
     return f"{stream}__inner"
 
 
+ALTERING_SUFFIX = "__next"
+# Longest name of a stream that ALTER STREAM can change: its new definition is built beside
+# it under a longer name (altering_stream), which must be a stream name itself.
+MAX_ALTERED_NAME = MAX_STREAM_NAME - len(ALTERING_SUFFIX)
+
+
+def altering_stream(stream: str) -> str:
+    """The stream an ALTER STREAM builds the new definition of ``stream`` as, until the
+    swap gives it ``stream``'s name (server/alter.py)."""
+    return f"{stream}{ALTERING_SUFFIX}"
+
+
 def join_view(stream: str) -> str:
     """Spark temporary view of the rows a batch adds to a join stream (input of the
     streams built on it)."""

@@ -61,6 +61,32 @@ streams = sa.Table(
     sa.Column("created_seq", sa.BigInteger),
     sa.Column("created_at", sa.DateTime(timezone=True)),
     sa.Column("tables", postgresql.JSONB),
+    sa.Column("version", sa.Integer),
+)
+# The definitions a stream had before an ALTER STREAM replaced them (migration 0015).
+stream_history = sa.Table(
+    "stream_history",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("sql", sa.Text),
+    sa.Column("defined_at", sa.DateTime(timezone=True)),
+    sa.Column("replaced_at", sa.DateTime(timezone=True)),
+)
+# Per stream, its last ALTER STREAM (server/alter.py): the new definition, the streams
+# built beside it ([name built under, name swapped to], in creation order), the path taken
+# and the state ("building" until the swap, then "done").
+alters = sa.Table(
+    "alters",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("version", sa.Integer),
+    sa.Column("sql", sa.Text),
+    sa.Column("members", postgresql.JSONB),
+    sa.Column("path", sa.Text),
+    sa.Column("state", sa.Text),
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("swapped_at", sa.DateTime(timezone=True)),
 )
 stream_columns = sa.Table(
     "stream_columns",
@@ -292,6 +318,7 @@ class StreamRecord:
     sql: str
     created_at: datetime
     plan: StreamPlan
+    version: int = 1
 
 
 @dataclass(frozen=True)
@@ -319,9 +346,14 @@ class PlanCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_sql: dict[tuple[str, str], StreamPlan] = {}
+        # By name, SQL and creation: a stream built on an altered one keeps its SQL, and
+        # is recorded anew (server/alter.py) with the plan of the new definition below it.
+        self._by_sql: dict[tuple[str, str, int], StreamPlan] = {}
 
-    def load(self, connection: sa.Connection) -> dict[str, StreamRecord]:
+    def load(self, connection: sa.Connection, *, versioned: bool = True) -> dict[str, StreamRecord]:
+        """Every stream, in creation order. ``versioned=False`` for a catalog older than
+        migration 0015 (the migrations before it read plans too): every version is 1."""
+        version = streams.c.version if versioned else sa.literal(1).label("version")
         rows = connection.execute(
             sa.select(
                 streams.c.name,
@@ -329,6 +361,8 @@ class PlanCache:
                 streams.c.sql,
                 streams.c.created_at,
                 streams.c.tables,
+                streams.c.created_seq,
+                version,
             ).order_by(streams.c.created_seq)
         ).all()
         plans: dict[str, StreamPlan] = {}
@@ -336,14 +370,32 @@ class PlanCache:
         with self._lock:
             for row in rows:
                 # A plan depends on its sources' plans; those of the same SQL are the same.
-                key = (row.name, row.sql)
+                key = (row.name, row.sql, row.created_seq)
                 plan = self._by_sql.get(key)
                 if plan is None:
                     plan = rewrite(row.sql, plans, _tables(row.tables))
                     self._by_sql[key] = plan
                 plans[row.name] = plan
-                records[row.name] = StreamRecord(row.name, row.kind, row.sql, row.created_at, plan)
+                records[row.name] = StreamRecord(
+                    row.name, row.kind, row.sql, row.created_at, plan, row.version or 1
+                )
         return records
+
+    def hold(self, connection: sa.Connection, plan: StreamPlan) -> bool:
+        """Lock ``plan``'s stream in the catalog (FOR SHARE, until the transaction ends) and
+        say whether ``plan`` is still its plan. A worker's step starts with it: an ALTER's
+        swap, which replaces the stream's row, waits for the steps in flight, and a step
+        planned before a swap does nothing (the next pass plans anew)."""
+        row = connection.execute(
+            sa.select(streams.c.name, streams.c.sql, streams.c.created_seq)
+            .where(streams.c.name == plan.name)
+            .with_for_update(read=True)
+        ).first()
+        if row is None:
+            return False
+        with self._lock:
+            held = self._by_sql.get((row.name, row.sql, row.created_seq))
+        return held is not None and (held is plan or held == plan)
 
 
 _TABLE_COLUMNS = sa.text(
@@ -399,6 +451,11 @@ def read_tables(
             key=key,
         )
     return found
+
+
+def stored_tables(stored: list[dict[str, object]] | None) -> dict[str, TableSchema]:
+    """The tables a stream was planned against, as its catalog row keeps them."""
+    return _tables(stored)
 
 
 def _tables(stored: list[dict[str, object]] | None) -> dict[str, TableSchema]:
@@ -462,13 +519,16 @@ def insert_stream(
     plan: StreamPlan,
     sql: str,
     tables: Mapping[str, TableSchema] | None = None,
+    version: int = 1,
 ) -> None:
     """Record a new stream; ``tables`` are the tables it was planned against (those it
-    joins are kept with it)."""
+    joins are kept with it); ``version`` counts its definitions (server/alter.py)."""
     joined = plan.tables if isinstance(plan, ReadJoinStreamPlan | ParallelAggregatePlan) else ()
     kept = [tables[t].to_json() for t in joined] if tables and joined else None
     connection.execute(
-        sa.insert(streams).values(name=plan.name, kind=plan.kind, sql=sql, tables=kept)
+        sa.insert(streams).values(
+            name=plan.name, kind=plan.kind, sql=sql, tables=kept, version=version
+        )
     )
     if isinstance(plan, RawStreamPlan):
         connection.execute(
@@ -496,10 +556,62 @@ def track_versions(connection: sa.Connection, sources: tuple[str, ...]) -> None:
 
 
 def delete_stream(connection: sa.Connection, name: str) -> None:
+    """Forget the stream ``name`` (its history of definitions stays: see drop_history)."""
     connection.execute(sa.delete(runs).where(runs.c.stream == name))
     connection.execute(sa.delete(streams).where(streams.c.name == name))
     for kept in (window_changes, window_lateness, stream_windows):
         connection.execute(sa.delete(kept).where(kept.c.stream == name))
+
+
+def drop_history(connection: sa.Connection, name: str) -> None:
+    """Forget the definitions and the ALTERs of a dropped stream."""
+    for kept in (stream_history, alters):
+        connection.execute(sa.delete(kept).where(kept.c.stream == name))
+
+
+# The catalog tables whose rows belong to a stream (by its name in "stream"), besides the
+# stream's own row and its dependencies: what a swap moves from one name to another.
+_STREAM_STATE = (
+    stream_progress,
+    window_lateness,
+    window_changes,
+    stream_windows,
+    backfills,
+    backfill_runs,
+    serial_progress,
+    corrections,
+    window_revisions,
+)
+
+
+def move_stream_state(connection: sa.Connection, source: str, target: str) -> None:
+    """Give the catalog rows of stream ``source`` to stream ``target`` (whose own were
+    deleted), in the caller's transaction."""
+    for kept in _STREAM_STATE:
+        connection.execute(sa.update(kept).where(kept.c.stream == source).values(stream=target))
+    connection.execute(
+        sa.update(stream_windows)
+        .where(stream_windows.c.placed_by == source)
+        .values(placed_by=target)
+    )
+
+
+def forget_stream_state(connection: sa.Connection, name: str) -> None:
+    """Delete the catalog rows of stream ``name`` besides its own row."""
+    for kept in _STREAM_STATE:
+        connection.execute(sa.delete(kept).where(kept.c.stream == name))
+
+
+def lock_ddl(connection: sa.Connection) -> None:
+    """One stream DDL at a time (until the transaction ends), so that a CREATE checks its
+    name and sources, a DROP its dependents and an ALTER's swap its streams against a
+    catalog no other DDL changes meanwhile: two DROPs of one name cannot both succeed, nor
+    a DROP of a source slip between the planning and the commit of a stream derived from
+    it."""
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": DDL_LOCK})
+
+
+DDL_LOCK = 4242002  # beside MIGRATION_LOCK
 
 
 def window_facts(plans: Mapping[str, StreamPlan], plan: StreamPlan) -> dict[str, object] | None:

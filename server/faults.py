@@ -12,6 +12,10 @@ reaches ``phase`` in the worker (server/service.py):
 - ``in_pg_write``: inside the commit transaction, after the COPYs, before COMMIT;
 - ``after_commit``: the run is committed; a client waiting for it is not yet told.
 
+and one phase of ALTER STREAM (server/alter.py), for which ``run_id`` is the stream's name:
+
+- ``alter_swap``: inside the swap's transaction, everything renamed, before COMMIT.
+
 ``target`` is what is killed or signalled:
 
 - ``server``: SIGKILL to the Spark driver JVM and the whole process group of `strata up`
@@ -44,7 +48,7 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit")
+PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit", "alter_swap")
 TARGETS = ("server", "postgres", "spark", "sigint", "sigterm")
 HOLD_SECONDS = 1.0
 

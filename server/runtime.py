@@ -35,6 +35,7 @@ from server.workers.loop import Worker
 from server.workers.reducer import Reducer
 from server.workers.retention import Retention
 from server.workers.serial import Materializer, Repairer
+from server.workers.swapper import Swapper
 
 log = logging.getLogger("strata")
 INFO_FILE = "info.json"
@@ -135,6 +136,7 @@ def assemble(
         Retention(engine, plans, metrics=metrics),
         Materializer(engine, plans, interval=settings.serial_interval, metrics=metrics),
         Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics),
+        Swapper(engine, plans, metrics=metrics),
     ]
     # Every name Settings accepts is a worker's: a name that wires nothing would leave a
     # worker silently off.

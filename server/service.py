@@ -32,7 +32,7 @@ from rewriter.naming import (
 )
 from rewriter.plan import JoinStreamPlan
 from rewriter.tables import TableSchema, referenced_names
-from server import catalog
+from server import alter, catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.comments import comment_statements
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
@@ -54,17 +54,6 @@ def _execute_plan_sql(connection: sa.Connection, statement: str) -> None:
     connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
-def _lock_ddl(connection: sa.Connection) -> None:
-    """One stream DDL at a time (until the transaction ends), so that a CREATE checks its
-    name and sources, and a DROP its dependents, against a catalog no other DDL changes
-    meanwhile: two DROPs of one name cannot both succeed, nor a DROP of a source slip
-    between the planning and the commit of a stream derived from it."""
-    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK})
-
-
-_DDL_LOCK = 4242002  # beside catalog.migrate's 4242001
-
-
 def _lock_sources(connection: sa.Connection, sources: tuple[str, ...]) -> None:
     """SHARE locks on raw archives: wait for the run commits in flight into them, and hold
     new ones back until this transaction ends."""
@@ -72,6 +61,18 @@ def _lock_sources(connection: sa.Connection, sources: tuple[str, ...]) -> None:
     for name in sources:
         table = internal_table(raw_archive_table(name))
         cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
+
+
+def _refuse_planned_sql(err: Exception) -> None:
+    """PostgreSQL refusing a stream's own SQL is the statement's problem, not the server's:
+    a data exception (22, e.g. '1 minute' compared with a bigint), a type or name error the
+    rewriter let through (42) or a limit (54). Raises InvalidSQL for those."""
+    cause = getattr(err, "orig", None) or err
+    state = str(getattr(cause, "sqlstate", "") or "")
+    if state[:2] in ("22", "42", "54") and state != "42501":
+        diag = getattr(cause, "diag", None)
+        reason = getattr(diag, "message_primary", None) or str(cause)
+        raise InvalidSQL(f"PostgreSQL refuses this stream: {reason}") from None
 
 
 def _with_run_column(table: pa.Table, seq: int) -> pa.Table:
@@ -109,24 +110,28 @@ class StrataService:
         name = ""
         try:
             with self.engine.begin() as connection:
-                _lock_ddl(connection)
+                catalog.lock_ddl(connection)
                 name = self._create_with_companions(connection, text).name
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {name!r} already exists") from None
             raise
         except (sa.exc.DBAPIError, psycopg.Error) as err:
-            # PostgreSQL refusing the statement's own SQL is the statement's problem, not
-            # the server's: a data exception (22, e.g. '1 minute' compared with a bigint),
-            # a type or name error the rewriter let through (42) or a limit (54).
-            cause = getattr(err, "orig", None) or err
-            state = str(getattr(cause, "sqlstate", "") or "")
-            if state[:2] in ("22", "42", "54") and state != "42501":
-                diag = getattr(cause, "diag", None)
-                reason = getattr(diag, "message_primary", None) or str(cause)
-                raise InvalidSQL(f"PostgreSQL refuses this stream: {reason}") from None
+            _refuse_planned_sql(err)
             raise
         return self.stream(name)
+
+    def alter_stream(self, text: str) -> dict[str, object]:
+        """ALTER STREAM name AS SELECT ...: build the new definition beside the stream
+        (swapped in at once when no back-fill is needed, else by the swapper once it has
+        caught up); returns what server/alter.py says of it."""
+        try:
+            with self.engine.begin() as connection:
+                catalog.lock_ddl(connection)
+                return alter.begin(connection, self.plans, self._create_with_companions, text)
+        except (sa.exc.DBAPIError, psycopg.Error) as err:
+            _refuse_planned_sql(err)
+            raise
 
     def _create_with_companions(self, connection: sa.Connection, text: str) -> StreamPlan:
         """Create the stream of ``text``, after the stream it is built on when that is made
@@ -157,6 +162,7 @@ class StrataService:
         plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
         if plan.name in existing:
             raise StreamExists(f"stream {plan.name!r} already exists")
+        alter.guard_create(connection, plan)
         catalog.insert_stream(connection, plan, text, tables)
         self._check_name_free(connection, plan.name)
         for statement in plan.create_statements:
@@ -223,11 +229,15 @@ class StrataService:
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
-            _lock_ddl(connection)
+            catalog.lock_ddl(connection)
             records = self.plans.load(connection)
             record = records.get(name)
             if record is None:
                 raise UnknownStream(f"stream {name!r} does not exist")
+            pending = alter.guard_drop(connection, name)
+            if pending is not None:  # dropping the stream cancels its ALTER
+                alter.cancel(connection, self.plans, pending)
+                records = self.plans.load(connection)
             users = sorted(
                 r.name
                 for r in records.values()
@@ -245,6 +255,7 @@ class StrataService:
         for statement in records[name].plan.drop_statements:
             _execute_plan_sql(connection, statement)
         catalog.delete_stream(connection, name)
+        catalog.drop_history(connection, name)
         for made_with in (join_rows_stream(name), inner_stream(name)):
             if made_with not in records:
                 continue
@@ -272,12 +283,18 @@ class StrataService:
                 late_rows_of=str(placed_by) if placed_by else None,
             )
             shown["backfill"] = backfill_progress(connection, plan.name)
+            shown["alter"] = alter.progress(connection, plan.name)
             if isinstance(plan, SerialAggregatePlan):
                 shown["serial"] = serial_state(connection, plan.name)
             if len(sources) > 1:
                 marks = [stream_progress(connection, s, s)["watermark"] for s in sources]
                 shown["watermark"] = None if None in marks else min(marks)  # type: ignore[type-var]
         return shown
+
+    def history(self, name: str) -> list[dict[str, object]]:
+        """The definitions stream ``name`` had before its current one (ALTER STREAM)."""
+        with self.engine.connect() as connection:
+            return alter.history(connection, name)
 
     # ---- runs ------------------------------------------------------------------------
 

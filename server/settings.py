@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The background workers `strata up` runs (server/workers/), by name.
-WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repair"]
+WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repair", "alter"]
 ALL_WORKERS: tuple[WorkerName, ...] = get_args(WorkerName)
 
 
@@ -96,9 +96,9 @@ class Settings(BaseSettings):
     workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
         ALL_WORKERS,
         description="The background workers to run, comma-separated, from backfill, reducer, "
-        "retention, materializer, repair (default: all). A worker left out does nothing "
-        "until a later start includes it: views stay exact, archives are just not compacted, "
-        "materialized, repaired or back-filled meanwhile.",
+        "retention, materializer, repair, alter (default: all). A worker left out does "
+        "nothing until a later start includes it: views stay exact, archives are just not "
+        "compacted, materialized, repaired or back-filled, nor ALTERs swapped in, meanwhile.",
     )
     shutdown_timeout: float = Field(
         8.0,

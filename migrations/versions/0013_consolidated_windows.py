@@ -41,7 +41,7 @@ def upgrade() -> None:
     from server.catalog import PlanCache
 
     connection = op.get_bind()
-    for record in PlanCache().load(connection).values():
+    for record in PlanCache().load(connection, versioned=False).values():
         if isinstance(record.plan, ParallelAggregatePlan):
             for statement in record.plan.create_statements:
                 # Straight to psycopg, without parameters: a plan's SQL may hold a '%'.
@@ -61,7 +61,7 @@ def downgrade() -> None:
     connection = op.get_bind()
     driver = connection.connection.driver_connection
     assert driver is not None
-    for name, record in PlanCache().load(connection).items():
+    for name, record in PlanCache().load(connection, versioned=False).items():
         if isinstance(record.plan, ParallelAggregatePlan):
             view = sqlglot.parse_one(record.plan.view_query, read="postgres")
             if isinstance(view, exp.Union):  # consolidated rows as they are, then merged ones

@@ -130,7 +130,7 @@ def _existing_streams() -> None:
     from server.catalog import PlanCache, record_windows
 
     connection = op.get_bind()
-    plans = {n: r.plan for n, r in PlanCache().load(connection).items()}
+    plans = {n: r.plan for n, r in PlanCache().load(connection, versioned=False).items()}
     record_windows(connection, plans)
     placed = connection.execute(
         sa.text(

@@ -30,6 +30,7 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
         "name": record.name,
         "kind": record.kind,
         "sql": record.sql,
+        "version": record.version,
         "created_at": record.created_at.isoformat() if record.created_at else None,
         "dependents": dependents,
     }

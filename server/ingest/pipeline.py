@@ -420,10 +420,11 @@ class IngestPipeline:
                     internal_table(raw_archive_table(stream))
                 )
             )
-            # Under the lock, the dependents are final (see _backfill): recompute if changed.
+            # Under the lock, the dependents are final (see _backfill): recompute if changed
+            # (a stream created or dropped, or one an ALTER swapped in under the same name).
             records = self.plans.load(connection)
             current = catalog.dependents(records, stream)
-            if [p.name for p in current] != [p.name for p in dependents]:
+            if current != dependents:
                 raise _Retry(runs)
             committed = set(
                 connection.execute(

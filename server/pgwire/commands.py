@@ -33,6 +33,7 @@ from server.ingest.admission import check_run_id
 from server.ingest.copy_format import CopyFormat, parse_copy
 from server.ingest.parse import rows_from_fields
 from server.pgwire.statements import (
+    AlterStream,
     CopyFrom,
     CreateStream,
     DropStream,
@@ -76,6 +77,18 @@ class Commands:
     def create_stream(self, statement: CreateStream) -> Result:
         self.service.create_stream(statement.text)
         return Result("CREATE STREAM")
+
+    def alter_stream(self, statement: AlterStream) -> Result:
+        altered = self.service.alter_stream(statement.text)
+        if altered["state"] == "done":
+            said = f"the new definition of {altered['stream']} is in place (no back-fill needed)"
+        else:
+            said = (
+                f"the new definition of {altered['stream']} back-fills from the archived rows; "
+                "the view serves the old one until it is swapped in (see EXPLAIN STREAM, or "
+                "progress.alter of GET /streams/{name})"
+            )
+        return Result("ALTER STREAM", notices=[said])
 
     def drop_stream(self, statement: DropStream) -> Result:
         if self.stream_of(statement.name) is None:

@@ -30,7 +30,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
+from rewriter.errors import InvalidSQL, StrataError
 from server.catalog import StreamRecord
 from server.errors import (
     CopyFailed,
@@ -500,13 +500,6 @@ class Session:
         owner, and any Strata statement inside a transaction block."""
         if isinstance(statement, Insert | CopyFrom) and statement.problem is not None:
             raise statement.problem
-        if isinstance(statement, AlterStream):
-            raise Refused(
-                UnsupportedSQL(
-                    "ALTER STREAM is not supported yet: drop the stream and create it again"
-                ),
-                statement.at,
-            )
         if changes_streams(statement) and self.user != self.port.owner:
             raise Forbidden(
                 f"permission denied: role {self.user!r} may not run {title(statement)}; "
@@ -532,6 +525,8 @@ class Session:
             return await self._call(commands.create_stream, statement)
         if isinstance(statement, DropStream):
             return await self._call(commands.drop_stream, statement)
+        if isinstance(statement, AlterStream):
+            return await self._call(commands.alter_stream, statement)
         if isinstance(statement, ShowStreams):
             return await self._call(commands.show_streams)
         if isinstance(statement, ExplainStream):

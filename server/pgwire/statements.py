@@ -5,7 +5,7 @@ first words:
 
     CREATE STREAM ...                   CreateStream
     DROP STREAM [IF EXISTS] name        DropStream
-    ALTER STREAM ...                    AlterStream (refused: not supported yet)
+    ALTER STREAM name AS SELECT ...     AlterStream
     SHOW STREAMS                        ShowStreams
     EXPLAIN STREAM name                 ExplainStream
     COPY name [(cols)] FROM ...         CopyFrom  - Strata's if ``name`` is a stream
@@ -67,6 +67,7 @@ class DropStream:
 
 @dataclass(frozen=True)
 class AlterStream:
+    text: str
     at: int
 
 
@@ -166,7 +167,7 @@ def classify(text: str, piece: Piece) -> Statement | None:
     if first.value == "drop" and second.is_word("stream"):
         return _drop(tokens, at)
     if first.value == "alter" and second.is_word("stream"):
-        return AlterStream(at)
+        return AlterStream(text[first.start : tokens[-1].end], at)
     if first.value == "show" and second.is_word("streams") and len(tokens) == 2:
         return ShowStreams(at)
     if first.value == "explain" and second.is_word("stream"):

@@ -115,6 +115,8 @@ class Backfiller(Worker):
         assert isinstance(plan, ParallelAggregatePlan)
         listed = catalog.backfill_runs
         with self.engine.begin() as connection:
+            if not self.plans.hold(connection, plan):
+                return 0
             candidates = connection.execute(
                 sa.select(listed.c.run, listed.c.source, listed.c.rows)
                 .where(listed.c.stream == plan.name)

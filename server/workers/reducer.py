@@ -45,6 +45,8 @@ class Reducer(Worker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)
         with self.engine.begin() as connection:
+            if not self.plans.hold(connection, plan):
+                return 0
             connection.execute(
                 sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:stream))"),
                 {"space": REDUCER_LOCK_SPACE, "stream": plan.name},

@@ -222,6 +222,8 @@ class Materializer(_SerialWorker):
         assert isinstance(plan, SerialAggregatePlan)
         progress = catalog.serial_progress
         with self.engine.begin() as connection:
+            if not self.plans.hold(connection, plan):
+                return 0
             connection.execute(
                 postgresql.insert(progress).values(stream=plan.name).on_conflict_do_nothing()
             )
@@ -287,6 +289,8 @@ class Repairer(_SerialWorker):
         assert isinstance(plan, SerialAggregatePlan)
         corrections, revisions = catalog.corrections, catalog.window_revisions
         with self.engine.begin() as connection:
+            if not self.plans.hold(connection, plan):
+                return 0
             windows = list(
                 connection.execute(
                     sa.select(corrections.c.window_start)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
@@ -14,7 +14,8 @@ router = APIRouter(tags=["streams"])
 
 class CreateStream(BaseModel):
     sql: str = Field(
-        description="One CREATE STREAM statement",
+        description="One CREATE STREAM statement, or ALTER STREAM name AS SELECT ... to "
+        "change a derived stream's query",
         examples=[
             "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), "
             "t timestamptz) WITH (event_time = 't')"
@@ -22,10 +23,30 @@ class CreateStream(BaseModel):
     )
 
 
-@router.post("/streams", status_code=201, summary="Create a raw or derived stream")
-async def create_stream(body: CreateStream, service: ServiceDep) -> dict[str, object]:
+@router.post(
+    "/streams",
+    status_code=201,
+    summary="Create a raw or derived stream, or change one (ALTER STREAM)",
+    description="CREATE STREAM answers 201. ALTER STREAM answers 200 when the new definition "
+    'is swapped in already (path "reuse"), 202 while it back-fills (path "backfill": '
+    "the view serves the old definition until the swap; see progress.alter of GET "
+    "/streams/{name}).",
+)
+async def create_stream(
+    body: CreateStream, service: ServiceDep, response: Response
+) -> dict[str, object]:
+    if _is_alter(body.sql):
+        altered = await run_in_threadpool(service.alter_stream, body.sql)
+        response.status_code = 200 if altered["state"] == "done" else 202
+        record = await run_in_threadpool(service.stream, str(altered["stream"]))
+        return describe(record, await run_in_threadpool(service.streams)) | {"alter": altered}
     record = await run_in_threadpool(service.create_stream, body.sql)
     return describe(record, await run_in_threadpool(service.streams))
+
+
+def _is_alter(text: str) -> bool:
+    words = text.split(None, 2)
+    return len(words) >= 2 and words[0].upper() == "ALTER" and words[1].upper() == "STREAM"
 
 
 @router.get("/streams", summary="List streams")
@@ -38,7 +59,10 @@ async def list_streams(service: ServiceDep) -> list[dict[str, object]]:
 async def get_stream(name: str, service: ServiceDep) -> dict[str, object]:
     record = await run_in_threadpool(service.stream, name)
     described = describe(record, await run_in_threadpool(service.streams))
-    return described | {"progress": await run_in_threadpool(service.progress, record)}
+    return described | {
+        "progress": await run_in_threadpool(service.progress, record),
+        "history": await run_in_threadpool(service.history, name),
+    }
 
 
 @router.delete("/streams/{name}", summary="Drop a stream (409 while others depend on it)")
