@@ -96,6 +96,17 @@ class Relation:
     name: str
 
 
+def replaced_views(plan: StreamPlan) -> list[str]:
+    """``plan``'s CREATE VIEW statements as CREATE OR REPLACE VIEW."""
+    statements = []
+    for statement in plan.create_statements:
+        create = sqlglot.parse_one(statement, read="postgres")
+        if isinstance(create, exp.Create) and create.kind == "VIEW":
+            create.set("replace", True)
+            statements.append(create.sql("postgres"))
+    return statements
+
+
 def created_relations(plan: StreamPlan) -> list[Relation]:
     """The relations ``plan``'s create statements make, in order (an index in its table's
     schema)."""

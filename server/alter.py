@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
@@ -37,8 +38,20 @@ from rewriter.naming import (
     partial_archive_table,
     raw_archive_table,
 )
-from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, StreamPlan
-from rewriter.rename import alter_as_create, created_relations, rename_streams, stream_name
+from rewriter.plan import (
+    JoinStreamPlan,
+    ParallelAggregatePlan,
+    RawStreamPlan,
+    SerialAggregatePlan,
+    StreamPlan,
+)
+from rewriter.rename import (
+    alter_as_create,
+    created_relations,
+    rename_streams,
+    replaced_views,
+    stream_name,
+)
 from rewriter.reuse_partials import reusable_columns
 from rewriter.tables import referenced_names
 from server import catalog, faults
@@ -51,7 +64,15 @@ from server.errors import StreamExists, StreamInUse, UnknownStream
 CreateStream = Callable[[sa.Connection, str], StreamPlan]
 
 BUILDING, DONE = "building", "done"
+# The paths: every new stream in place when the ALTER returns, or some back-fill first.
 REUSE, BACKFILL = "reuse", "backfill"
+# How each new stream gets its history, by kind (a parallel aggregate: "back-fill", "reused
+# partial rows" or "no history"; the others are views over their sources).
+_HOW: dict[type, str] = {
+    ParallelAggregatePlan: "back-fill",
+    JoinStreamPlan: "history joined",
+    SerialAggregatePlan: "materialized after the swap",
+}
 
 
 @dataclass(frozen=True)
@@ -204,6 +225,14 @@ def begin(
             "ALTER STREAM cannot build beside it: create a new stream instead"
         )
     names = family(records, name)
+    for pending in alterations(connection):
+        caught = set(names) & set(pending.names + pending.built)
+        if pending.stream != name and caught:
+            raise StreamInUse(
+                f"stream {sorted(caught)[0]!r}, which ALTER STREAM {name} would rebuild, is "
+                f"part of the pending ALTER STREAM {pending.stream}; alter {name!r} once "
+                "that change is swapped in"
+            )
     read = {n for _, n in referenced_names(create_text)} & set(names)
     if read:
         raise InvalidSQL(
@@ -233,12 +262,20 @@ def begin(
     _check_companions(records, members, names)
     _check_shapes(connection, names[1:], renamed)
     path = REUSE
+    how: list[dict[str, str]] = []
     for member in members:
-        if not _backfilling(connection, member.built_as):
-            continue
-        if _reuse(connection, records.get(member.name), built[member.built_as].plan):
-            continue
-        path = BACKFILL
+        plan = built[member.built_as].plan
+        way = _HOW.get(type(plan), "view")
+        if isinstance(plan, ParallelAggregatePlan):
+            if not _backfilling(connection, member.built_as):
+                way = "no history"
+            elif _reuse(connection, records.get(member.name), plan):
+                way = "reused partial rows"
+            else:
+                path = BACKFILL
+        how.append({"stream": member.name, "how": way})
+    if path == BACKFILL:
+        _check_retention(built, members)
     version = record.version + 1
     row = {
         "stream": name,
@@ -259,16 +296,39 @@ def begin(
     )
     state = BUILDING
     if path == REUSE:
-        swap(connection, plans, name)
-        state = DONE
+        try:
+            with connection.begin_nested():
+                swap(connection, plans, name)
+            state = DONE
+        except (sa.exc.OperationalError, psycopg.errors.LockNotAvailable) as error:
+            if not gave_way(error):
+                raise
+            # Readers hold the old streams: the swapper swaps it in at its next pass.
     return {
         "stream": name,
         "version": version,
         "path": path,
         "state": state,
-        "building": [m.built_as for m in members],
+        "building": [m.built_as for m in members] if state == BUILDING else [],
         "rebuilt": names,
+        "members": how,
     }
+
+
+def _check_retention(built: dict[str, StreamRecord], members: list[Member]) -> None:
+    """A back-fill reads the raw archives: refuse one whose raw rows retention drops, as
+    the new definition would not cover all history."""
+    for member in members:
+        for source in getattr(built[member.built_as].plan, "raw_sources", ()):
+            raw = built[source].plan
+            if isinstance(raw, RawStreamPlan) and raw.retention_us:
+                raise UnsupportedSQL(
+                    f"the new definition of {member.name!r} must be computed from the raw "
+                    f"rows of {source!r}, which keeps them only for a while (retention): it "
+                    "would not cover all history. Change only what the archived partial rows "
+                    "answer (drop or rename columns, add a HAVING, an avg beside its sum and "
+                    "count), or create a new stream"
+                )
 
 
 def _members(created: list[str], renamed: dict[str, str]) -> list[Member]:
@@ -448,6 +508,7 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
                 sql.Identifier(INTERNAL_SCHEMA, raw_archive_table(source))
             )
         )
+    _lock_relations(connection, [records[n].plan for n in [*old, *built]])
     replaced = records[name]
     connection.execute(
         sa.insert(catalog.stream_history).values(
@@ -487,6 +548,11 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         for comment in comment_statements(plan, text):
             _execute(connection, comment)
         current[final] = plan
+    for final in [m.name for m in alteration.members]:
+        # The views anew: a view's text may name its stream (a serial stream's reads its
+        # progress by name), which renaming the view does not change.
+        for statement in replaced_views(current[final]):
+            _execute(connection, statement)
     for built_as in reversed([n for n in records if n in built]):
         connection.execute(sa.delete(catalog.streams).where(catalog.streams.c.name == built_as))
     catalog.record_windows(connection, current)
@@ -496,6 +562,44 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         .values(state=DONE, swapped_at=sa.func.now())
     )
     faults.reach("alter_swap", [name])
+
+
+# How long the swap waits for each of its relations: a reader holds its locks until its
+# transaction ends, and may ask for one the swap already holds (a deadlock); the swap gives
+# way first, and the swapper tries again at its next pass.
+SWAP_LOCK_TIMEOUT = "200ms"
+
+
+def gave_way(error: BaseException) -> bool:
+    """Whether ``error`` is the swap giving way to readers (see _lock_relations)."""
+    cause = getattr(error, "orig", None) or error
+    return isinstance(cause, psycopg.errors.LockNotAvailable)
+
+
+def _lock_relations(connection: sa.Connection, plans: list[StreamPlan]) -> None:
+    """ACCESS EXCLUSIVE locks on every table and view of the streams swapped, before the
+    swap changes any: raises psycopg.errors.LockNotAvailable (in an OperationalError) if
+    one is not had within SWAP_LOCK_TIMEOUT."""
+    names = sorted(
+        {
+            (r.schema, r.name)
+            for plan in plans
+            for r in created_relations(plan)
+            if r.kind in ("TABLE", "VIEW") and r.schema == INTERNAL_SCHEMA or r.kind == "VIEW"
+        }
+    )
+    if not names:
+        return
+    _execute(
+        connection, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(SWAP_LOCK_TIMEOUT))
+    )
+    _execute(
+        connection,
+        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            sql.SQL(", ").join(sql.Identifier(schema, name) for schema, name in names)
+        ),
+    )
+    _execute(connection, "SET LOCAL lock_timeout = 0")
 
 
 def _companions(records: dict[str, StreamRecord], old: list[str], built: set[str]) -> list[str]:

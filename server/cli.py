@@ -159,6 +159,13 @@ def backfill_status(args: argparse.Namespace) -> int:
         progress = httpx.get(
             f"{base}/streams/{stream['name']}", headers=headers, timeout=30
         ).json()["progress"]
+        altering = progress.get("alter")
+        if altering and altering["state"] == "building":
+            print(
+                f"{stream['name']:<30} ALTER STREAM to version {altering['version']}: "
+                f"{altering['rows_done']:,}/{altering['rows_total']:,} rows back-filled into "
+                f"{', '.join(altering['building'])}; swapped in once caught up"
+            )
         backfill = progress.get("backfill")
         if backfill is None:
             continue

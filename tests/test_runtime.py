@@ -337,6 +337,7 @@ def test_every_worker_name_of_the_settings_wires_a_worker() -> None:
     from server.workers.reducer import Reducer
     from server.workers.retention import Retention
     from server.workers.serial import Materializer, Repairer
+    from server.workers.swapper import Swapper
 
-    classes = (Backfiller, Reducer, Retention, Materializer, Repairer)
+    classes = (Backfiller, Reducer, Retention, Materializer, Repairer, Swapper)
     assert {c.name for c in classes} == set(ALL_WORKERS) == set(DEFAULTS.workers)

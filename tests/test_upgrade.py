@@ -33,8 +33,10 @@ from server import catalog
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
 from server.engines.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres
 from server.security import READER_ROLE, configure_reader
+from server.workers.backfill import wait_for
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
+from server.workers.swapper import Swapper
 from tests.conftest import Strata, new_database, strata_client
 
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
@@ -445,6 +447,30 @@ def test_todays_server_carries_on_with_a_database_0_1_0_left(
             Materializer(engine, plans).run_once()
             Repairer(engine, plans).run_once()
             assert wrong_views(strata) == []
+
+            # A stream 0.1.0 made changes its query (migration 0015): back-filled over the
+            # rows 0.1.0 archived and the new run, then swapped in.
+            response = strata.client.post(
+                "/streams",
+                json={
+                    "sql": "ALTER STREAM clicks_per_5_minutes AS SELECT campaign, sum(n) AS n, "
+                    "sum(revenue) AS revenue, window_end AS t FROM TUMBLE(clicks_per_minute, "
+                    "t, INTERVAL '10 minutes') GROUP BY campaign, window_end"
+                },
+            )
+            assert response.status_code == 202, response.text
+            wait_for(engine, "clicks_per_5_minutes__next")
+            assert Swapper(engine, plans).run_once()["clicks_per_5_minutes"] == 1
+            ten = "date_bin('10 minutes', t, timestamptz 'epoch')"
+            altered = strata.query("SELECT * FROM clicks_per_5_minutes")
+            expected = strata.query(
+                f"SELECT campaign, count(*), sum(price), {ten} + interval '10 minutes' "
+                f"FROM clicks GROUP BY campaign, {ten}"
+            )
+            assert altered and Counter(altered) == Counter(expected)
+            described = strata.client.get("/streams/clicks_per_5_minutes").json()
+            assert described["version"] == 2 and len(described["history"]) == 1
+            assert [w for w in wrong_views(strata) if w != "clicks_per_5_minutes"] == []
 
 
 # ---------------------------------------------------------------------------------------

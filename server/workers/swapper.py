@@ -3,6 +3,7 @@ history (server/alter.py), in one transaction."""
 
 from __future__ import annotations
 
+import psycopg
 import sqlalchemy as sa
 
 from rewriter.plan import RawStreamPlan, StreamPlan
@@ -29,6 +30,15 @@ class Swapper(Worker):
         return not isinstance(plan, RawStreamPlan)
 
     def step(self, plan: StreamPlan) -> int:
+        try:
+            return self._swap(plan)
+        except (sa.exc.OperationalError, psycopg.errors.LockNotAvailable) as error:
+            if not alter.gave_way(error):
+                raise
+            self.log.info("swap of %s waits for readers; next pass", plan.name)
+            return 0
+
+    def _swap(self, plan: StreamPlan) -> int:
         with self.engine.begin() as connection:
             pending = alter.building(connection, plan.name)
             if pending is None or not alter.ready(connection, pending):
