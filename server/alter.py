@@ -58,6 +58,7 @@ from server import catalog, faults
 from server.catalog import PlanCache, StreamRecord
 from server.comments import comment_statements
 from server.errors import StreamExists, StreamInUse, UnknownStream
+from server.workers.reducer import lock_reducer
 
 # Creates the stream of a CREATE STREAM statement (and what it is built on) in the
 # caller's transaction: StrataService._create_with_companions.
@@ -508,6 +509,8 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
                 sql.Identifier(INTERNAL_SCHEMA, raw_archive_table(source))
             )
         )
+    for n in sorted({*old, *built}):  # no fold starts, and the one in flight is done
+        lock_reducer(connection, n)
     _lock_relations(connection, [records[n].plan for n in [*old, *built]])
     replaced = records[name]
     connection.execute(

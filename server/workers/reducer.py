@@ -23,6 +23,15 @@ from server.workers.loop import Worker
 REDUCER_LOCK_SPACE = 5_310
 
 
+def lock_reducer(connection: sa.Connection, stream: str) -> None:
+    """Hold the reducer of ``stream`` off until the transaction ends (or wait for its
+    fold in flight)."""
+    connection.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:stream))"),
+        {"space": REDUCER_LOCK_SPACE, "stream": stream},
+    )
+
+
 class Reducer(Worker):
     name = "reducer"
 
@@ -45,12 +54,11 @@ class Reducer(Worker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)
         with self.engine.begin() as connection:
+            # The stream's lock first: an ALTER's swap takes it too (server/alter.py), and
+            # waits for the fold in flight while no new one starts.
+            lock_reducer(connection, plan.name)
             if not self.plans.hold(connection, plan):
                 return 0
-            connection.execute(
-                sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:stream))"),
-                {"space": REDUCER_LOCK_SPACE, "stream": plan.name},
-            )
             driver = connection.connection.driver_connection
             assert driver is not None
             params = {"min_rows": self.min_rows, "max_groups": self.batch}
