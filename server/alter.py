@@ -220,6 +220,12 @@ def begin(
                 f"stream {name!r} is being rebuilt by ALTER STREAM {pending.stream}; alter "
                 f"it once that change is swapped in (progress.alter of {pending.stream!r})"
             )
+    owners = [o for o in records if name in (join_rows_stream(o), inner_stream(o))]
+    if owners:
+        raise UnsupportedSQL(
+            f"stream {name!r} is part of {owners[0]!r} (made with it from its statement): "
+            f"alter {owners[0]!r} instead"
+        )
     if len(name) > MAX_ALTERED_NAME:
         raise UnsupportedSQL(
             f"stream {name!r} has a name longer than {MAX_ALTERED_NAME} characters, which "

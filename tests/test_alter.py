@@ -537,3 +537,32 @@ def test_altering_the_source_of_a_stream_being_altered(strata: Strata) -> None:
     m = oracles("ev_4", NEW_FILTER)["m"]
     expected = f"SELECT {_bucket('w', 7200)}, sum(c), sum(s) FROM ({m}) m GROUP BY 1"
     assert _normal(strata.query("SELECT * FROM h_4")) == _normal(strata.query(expected))
+
+
+def test_the_join_under_an_aggregate_is_altered_with_it(strata: Strata) -> None:
+    strata.create(RAW.format(ev="ev"))
+    strata.create("CREATE STREAM keys (k text, label text, t timestamptz) WITH (event_time = 't')")
+    joined = (
+        "SELECT l.label, count(*) AS n, window_start FROM TUMBLE(ev, t, INTERVAL '1 hour') e "
+        "JOIN keys l ON e.k = l.k {where}GROUP BY l.label, window_start"
+    )
+    strata.create(f"CREATE STREAM per_label AS {joined.format(where='')}")
+    strata.ingest(
+        "keys", _ndjson([{"k": k, "label": f"L{k}", "t": START.isoformat()} for k in "ab"])
+    )
+    strata.ingest("ev", _ndjson(_rows(random.Random(11), 300)))
+    response = strata.client.post(
+        "/streams", json={"sql": f"ALTER STREAM per_label__rows AS {joined.format(where='')}"}
+    )
+    assert response.status_code == 400 and "alter 'per_label' instead" in response.text
+    _alter(strata, f"ALTER STREAM per_label AS {joined.format(where='WHERE e.v > 0 ')}", 202)
+    wait_for(strata.service.engine, "per_label__next")
+    assert _swap(strata) == 1
+    listed = {s["name"] for s in strata.client.get("/streams").json()}
+    assert listed == {"ev", "keys", "per_label", "per_label__rows"}
+    hour = _bucket("e.t", 3600)
+    expected = (
+        f"SELECT l.label, count(*), {hour} FROM ev e JOIN keys l ON e.k = l.k WHERE e.v > 0 "
+        "GROUP BY 1, 3"
+    )
+    assert _normal(strata.query("SELECT * FROM per_label")) == _normal(strata.query(expected))

@@ -186,13 +186,21 @@ def old_database(
             old_naming.setattr(StrataService, "_grant_reader", staticmethod(lambda c, n: None))
             settings = Settings(data_dir=tmp_path / "old", database_url=fresh_db, workers=())
             service = assemble(settings, fresh_db, engine, SparkBackend(spark)).service
-            # Today's catalog code reads the column migration 0011 adds and writes the
-            # tables 0014 adds; they are there only while the streams are made (they join
-            # no table, so the column stays NULL).
-            later = [catalog.stream_windows, catalog.window_changes]
+            # Today's catalog code reads the columns migrations 0011 and 0015 add and the
+            # tables 0014 and 0015 add; they are there only while the streams are made
+            # (they join no table, so the column stays NULL; every version is 1).
+            later = [
+                catalog.stream_windows,
+                catalog.window_changes,
+                catalog.alters,
+                catalog.stream_history,
+            ]
             with engine.begin() as connection:
                 connection.execute(
-                    sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb")
+                    sa.text(
+                        f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams ADD tables jsonb, "
+                        "ADD version integer NOT NULL DEFAULT 1"
+                    )
                 )
                 for table in later:
                     table.create(connection)
@@ -200,7 +208,9 @@ def old_database(
                 service.create_stream(statement)
             with engine.begin() as connection:
                 connection.execute(
-                    sa.text(f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables")
+                    sa.text(
+                        f"ALTER TABLE {naming.CATALOG_SCHEMA}.streams DROP tables, DROP version"
+                    )
                 )
                 for table in later:
                     table.drop(connection)

@@ -26,6 +26,13 @@ class Swapper(Worker):
     ) -> None:
         super().__init__(engine, plans, interval=interval, batch=1, metrics=metrics)
 
+    def run_once(self) -> dict[str, int]:
+        """A pass over the streams, when an ALTER is building (most passes have none)."""
+        with self.engine.connect() as connection:
+            if not alter.alterations(connection):
+                return {}
+        return super().run_once()
+
     def applies_to(self, plan: StreamPlan) -> bool:
         return not isinstance(plan, RawStreamPlan)
 
