@@ -25,8 +25,8 @@ bench/peer_sss.py does). How each engine expresses each workload:
   ``SELECT session, count(*) AS c, window_end AS t FROM TUMBLE(hb_repartition, t,
   INTERVAL '1 day') GROUP BY session, window_end`` — the one-day window holds all the data;
   Spark hash-partitions every record by its session (the shuffle, into
-  ``spark.sql.shuffle.partitions`` = 4 partitions) to compute one partial row per record,
-  and the raw rows are archived besides. SSS: ``.repartition(4)`` (the same number of
+  ``spark.sql.shuffle.partitions`` partitions, one per core) to compute one partial row per record,
+  and the raw rows are archived besides. SSS: ``.repartition(n)`` (the same number of
   partitions) of the records, then ``foreachBatch`` COPY of the records, as HiBench does.
   The outputs differ (counts per session against the records), the shuffle is the same.
 * **wordcount** — HiBench splits lines into words and counts per word. Strata's SQL has no
