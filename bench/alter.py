@@ -64,21 +64,23 @@ from psycopg import sql
 from bench.backfill import (
     RAW,
     RAW_SQL,
-    SERVER_CHUNK_ROWS,
     VIEW,
     WARMUP,
     WARMUP_ROWS,
     WARMUP_RUN_ROWS,
     backfill,
     chunks_of,
+    cli,
+    history_parser,
     load_history,
     raw_table,
+    scale_entry,
     scans,
 )
 from bench.harness.api import create_stream
 from bench.harness.database import scalar
 from bench.harness.errors import BenchError
-from bench.harness.results import Result, Timing, check_scale, print_table
+from bench.harness.results import Result, Timing, print_table
 from bench.harness.server import (
     Server,
     clean_up,
@@ -225,10 +227,6 @@ def verify(database_url: str, rows: int, done: Alter, top: str) -> tuple[list[st
 
 
 # ---- the run ---------------------------------------------------------------------------
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_benchmark(args)[0]
 
 
 def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
@@ -442,51 +440,17 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     return exit_code, results
 
 
-# The arguments of each scale of bench/run.py (full: the defaults), bench/backfill.py's.
-SCALES = {"smoke": ["--rows", "20000", "--run-rows", "5000"], "full": []}
+def _parser() -> argparse.ArgumentParser:
+    return history_parser(__doc__.split("\n\n")[0], "an ALTER")
 
 
 def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench.harness.results)."""
-    args = _parser().parse_args(SCALES[check_scale(scale)])
-    os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)  # read by `strata up`
-    code, results = run_benchmark(args)
-    if code:
-        raise BenchError("the ALTER STREAM benchmark failed (see above)")
-    return results
+    """bench/run.py's entry (see bench.harness.results); the scales are bench/backfill.py's."""
+    return scale_entry(scale, run_benchmark, _parser(), "ALTER STREAM")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.rows <= 0 or args.run_rows <= 0:
-        parser.error("--rows and --run-rows must be positive")
-    if args.chunk_rows <= 0:
-        parser.error("--chunk-rows must be positive")
-    # The server is started with this process's environment.
-    os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)
-    return run(args)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rows", type=int, default=10_000_000, help="history rows (10000000)")
-    parser.add_argument("--run-rows", type=int, default=500_000, help="rows per run (500000)")
-    parser.add_argument(
-        "--chunk-rows",
-        type=int,
-        default=SERVER_CHUNK_ROWS,
-        help=f"the server's back-fill chunk size (STRATA_BACKFILL_CHUNK_ROWS, {SERVER_CHUNK_ROWS})",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=1800.0, help="most seconds an ALTER may take (1800)"
-    )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the data dir (server log, embedded PostgreSQL)"
-    )
-    return parser
+    return cli(run_benchmark, _parser(), argv)
 
 
 if __name__ == "__main__":

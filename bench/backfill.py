@@ -53,6 +53,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -319,10 +320,6 @@ def verify(database_url: str, rows: int, done: Backfill) -> tuple[list[str], int
 # ---- the run ---------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
-    return run_benchmark(args)[0]
-
-
 def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     """The benchmark; returns its exit code and its figure."""
     data_dir = Path(tempfile.mkdtemp(prefix="strata-bench-backfill-"))
@@ -498,22 +495,28 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     return exit_code, results
 
 
-# The arguments of each scale of bench/run.py (full: the defaults, the README's figure).
+# The arguments of each scale of bench/run.py (full: the defaults, the README's figure);
+# bench/alter.py's too.
 SCALES = {"smoke": ["--rows", "20000", "--run-rows", "5000"], "full": []}
 
+# A benchmark over archived history: its run, from parsed arguments to exit code and figures.
+HistoryRun = Callable[[argparse.Namespace], tuple[int, list[Result]]]
 
-def benchmark(scale: str) -> list[Result]:
-    """bench/run.py's entry (see bench.harness.results)."""
-    args = _parser().parse_args(SCALES[check_scale(scale)])
+
+def scale_entry(
+    scale: str, run_history: HistoryRun, parser: argparse.ArgumentParser, what: str
+) -> list[Result]:
+    """bench/run.py's entry of a benchmark over archived history (see bench.harness.results)."""
+    args = parser.parse_args(SCALES[check_scale(scale)])
     os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)  # read by `strata up`
-    code, results = run_benchmark(args)
+    code, results = run_history(args)
     if code:
-        raise BenchError("the back-fill benchmark failed (see above)")
+        raise BenchError(f"the {what} benchmark failed (see above)")
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def cli(run_history: HistoryRun, parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """The command line of a benchmark over archived history."""
     args = parser.parse_args(argv)
     if args.rows <= 0 or args.run_rows <= 0:
         parser.error("--rows and --run-rows must be positive")
@@ -521,12 +524,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--chunk-rows must be positive")
     # The server is started with this process's environment.
     os.environ["STRATA_BACKFILL_CHUNK_ROWS"] = str(args.chunk_rows)
-    return run(args)
+    return run_history(args)[0]
 
 
-def _parser() -> argparse.ArgumentParser:
+def history_parser(description: str, timed: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark over archived history; ``timed`` names what
+    --timeout bounds."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=10_000_000, help="history rows (10000000)")
     parser.add_argument("--run-rows", type=int, default=500_000, help="rows per run (500000)")
@@ -537,12 +542,25 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the server's back-fill chunk size (STRATA_BACKFILL_CHUNK_ROWS, {SERVER_CHUNK_ROWS})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=1800.0, help="most seconds a back-fill may take (1800)"
+        "--timeout", type=float, default=1800.0, help=f"most seconds {timed} may take (1800)"
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep the data dir (server log, embedded PostgreSQL)"
     )
     return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return history_parser(__doc__.split("\n\n")[0], "a back-fill")
+
+
+def benchmark(scale: str) -> list[Result]:
+    """bench/run.py's entry (see bench.harness.results)."""
+    return scale_entry(scale, run_benchmark, _parser(), "back-fill")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(run_benchmark, _parser(), argv)
 
 
 if __name__ == "__main__":
