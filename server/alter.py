@@ -31,12 +31,12 @@ from rewriter.naming import (
     MAX_ALTERED_NAME,
     PUBLIC_SCHEMA,
     REDUCED_RUN,
+    RUN_COLUMN,
     altering_stream,
     consolidated_states_table,
     inner_stream,
     join_rows_stream,
     partial_archive_table,
-    raw_archive_table,
 )
 from rewriter.plan import (
     JoinStreamPlan,
@@ -100,17 +100,6 @@ class Alteration:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
-
-
-def _driver(connection: sa.Connection):  # type: ignore[no-untyped-def]
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    return driver
-
-
-def _execute(connection: sa.Connection, statement: str | sql.Composable) -> None:
-    # Without parameters: a plan's SQL may hold a literal '%'.
-    _driver(connection).execute(statement)
 
 
 def alterations(connection: sa.Connection, *, building_only: bool = True) -> list[Alteration]:
@@ -182,7 +171,7 @@ def cancel(connection: sa.Connection, plans: PlanCache, alteration: Alteration) 
     records = plans.load(connection)
     for name in reversed([n for n in records if n in alteration.built]):
         for statement in records[name].plan.drop_statements:
-            _execute(connection, statement)
+            catalog.execute_plan_sql(connection, statement)
         catalog.forget_stream_state(connection, name)
         catalog.delete_stream(connection, name)
     connection.execute(
@@ -438,12 +427,12 @@ def _reuse(connection: sa.Connection, old: StreamRecord | None, new: StreamPlan)
     )
     reduced = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(
-            sql.Literal(REDUCED_RUN) if columns[n] == "strata_run" else sql.Identifier(columns[n])
+            sql.Literal(REDUCED_RUN) if columns[n] == RUN_COLUMN else sql.Identifier(columns[n])
             for n in names
         ),
         sql.Identifier(INTERNAL_SCHEMA, consolidated_states_table(old.name)),
     )
-    _execute(
+    catalog.execute_plan_sql(
         connection,
         sql.SQL("INSERT INTO {} ({}) {} UNION ALL {}").format(
             target, sql.SQL(", ").join(map(sql.Identifier, names)), archived, reduced
@@ -508,13 +497,7 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
     sources = sorted(
         {s for n in [*old, *built] for s in getattr(records[n].plan, "raw_sources", ())}
     )
-    cursor = _driver(connection).cursor()
-    for source in sources:  # no run commits meanwhile (and none is in flight)
-        cursor.execute(
-            sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
-                sql.Identifier(INTERNAL_SCHEMA, raw_archive_table(source))
-            )
-        )
+    catalog.lock_raw_archives(connection, sources)  # no run commits meanwhile
     for n in sorted({*old, *built}):  # no fold starts, and the one in flight is done
         lock_reducer(connection, n)
     _lock_relations(connection, [records[n].plan for n in [*old, *built]])
@@ -530,7 +513,7 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
     )
     for n in reversed(old):
         for statement in records[n].plan.drop_statements:
-            _execute(connection, statement)
+            catalog.execute_plan_sql(connection, statement)
         catalog.forget_stream_state(connection, n)
         catalog.delete_stream(connection, n)
     current = {n: r.plan for n, r in records.items() if n not in built and n not in old}
@@ -555,13 +538,13 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         catalog.insert_stream(connection, plan, text, tables, version=version)
         catalog.move_stream_state(connection, built_as, final)
         for comment in comment_statements(plan, text):
-            _execute(connection, comment)
+            catalog.execute_plan_sql(connection, comment)
         current[final] = plan
     for final in [m.name for m in alteration.members]:
         # The views anew: a view's text may name its stream (a serial stream's reads its
         # progress by name), which renaming the view does not change.
         for statement in replaced_views(current[final]):
-            _execute(connection, statement)
+            catalog.execute_plan_sql(connection, statement)
     for built_as in reversed([n for n in records if n in built]):
         connection.execute(sa.delete(catalog.streams).where(catalog.streams.c.name == built_as))
     catalog.record_windows(connection, current)
@@ -599,16 +582,16 @@ def _lock_relations(connection: sa.Connection, plans: list[StreamPlan]) -> None:
     )
     if not names:
         return
-    _execute(
+    catalog.execute_plan_sql(
         connection, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(SWAP_LOCK_TIMEOUT))
     )
-    _execute(
+    catalog.execute_plan_sql(
         connection,
         sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
             sql.SQL(", ").join(sql.Identifier(schema, name) for schema, name in names)
         ),
     )
-    _execute(connection, "SET LOCAL lock_timeout = 0")
+    catalog.execute_plan_sql(connection, "SET LOCAL lock_timeout = 0")
 
 
 def _companions(records: dict[str, StreamRecord], old: list[str], built: set[str]) -> list[str]:
@@ -638,7 +621,7 @@ def _rename_relations(connection: sa.Connection, built: StreamPlan, final: Strea
     for old, new in zip(before, after, strict=True):
         if old.name == new.name:
             continue  # shared, e.g. a probe index on a raw archive
-        _execute(
+        catalog.execute_plan_sql(
             connection,
             sql.SQL("ALTER {} {} RENAME TO {}").format(
                 sql.SQL(old.kind), sql.Identifier(old.schema, old.name), sql.Identifier(new.name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ from rewriter.naming import (
     INTERNAL_SCHEMA,
     join_archive_table,
     partial_archive_table,
+    raw_archive_table,
 )
 from rewriter.plan import (
     JoinStreamPlan,
@@ -600,6 +601,26 @@ def forget_stream_state(connection: sa.Connection, name: str) -> None:
     """Delete the catalog rows of stream ``name`` besides its own row."""
     for kept in _STREAM_STATE:
         connection.execute(sa.delete(kept).where(kept.c.stream == name))
+
+
+def execute_plan_sql(connection: sa.Connection, statement: str | sql.Composable) -> None:
+    """Run a plan's SQL straight through psycopg, without parameters: it may hold a
+    literal '%' (modulo), which parameter interpolation would take for a placeholder."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    driver.execute(statement)
+
+
+def lock_raw_archives(connection: sa.Connection, sources: Iterable[str]) -> None:
+    """SHARE locks on the raw archives of ``sources``: wait for the run commits in flight
+    into them, and hold new ones back until the transaction ends."""
+    for name in sources:
+        execute_plan_sql(
+            connection,
+            sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
+                sql.Identifier(INTERNAL_SCHEMA, raw_archive_table(name))
+            ),
+        )
 
 
 def lock_ddl(connection: sa.Connection) -> None:

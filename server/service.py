@@ -28,7 +28,6 @@ from rewriter.naming import (
     RUN_COLUMN,
     inner_stream,
     join_rows_stream,
-    raw_archive_table,
 )
 from rewriter.plan import JoinStreamPlan
 from rewriter.tables import TableSchema, referenced_names
@@ -36,7 +35,6 @@ from server import alter, catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.comments import comment_statements
 from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
-from server.ingest.archive import internal_table
 from server.ingest.parse import parse_run
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.progress import stream_progress
@@ -46,21 +44,6 @@ from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
 
 log = logging.getLogger("strata.service")
-
-
-def _execute_plan_sql(connection: sa.Connection, statement: str) -> None:
-    # Straight to psycopg without parameters: a plan's SQL may hold a literal '%' (modulo),
-    # which parameter interpolation would take for a placeholder.
-    connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
-
-
-def _lock_sources(connection: sa.Connection, sources: tuple[str, ...]) -> None:
-    """SHARE locks on raw archives: wait for the run commits in flight into them, and hold
-    new ones back until this transaction ends."""
-    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    for name in sources:
-        table = internal_table(raw_archive_table(name))
-        cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
 
 
 def _refuse_planned_sql(err: Exception) -> None:
@@ -166,7 +149,7 @@ class StrataService:
         catalog.insert_stream(connection, plan, text, tables)
         self._check_name_free(connection, plan.name)
         for statement in plan.create_statements:
-            _execute_plan_sql(connection, statement)
+            catalog.execute_plan_sql(connection, statement)
         self._grant_reader(connection, plan.name)
         driver = connection.connection.driver_connection
         assert driver is not None
@@ -213,7 +196,7 @@ class StrataService:
         the catalog (the commit re-reads the dependents under its own lock), and every run
         committed before is listed for back-fill: no run is counted twice or missed.
         """
-        _lock_sources(connection, plan.raw_sources)
+        catalog.lock_raw_archives(connection, plan.raw_sources)
         plan_backfill(connection, records, plan)
 
     @staticmethod
@@ -222,10 +205,10 @@ class StrataService:
         transaction: under SHARE locks no run commits meanwhile, and every run committed
         later finds the join in the catalog and adds its own pairs (server/ingest/joins.py).
         The history is joined by PostgreSQL in UTC, as Spark joins every batch."""
-        _lock_sources(connection, plan.raw_sources)
+        catalog.lock_raw_archives(connection, plan.raw_sources)
         catalog.track_versions(connection, plan.raw_sources)
-        _execute_plan_sql(connection, "SET LOCAL TIME ZONE 'UTC'")
-        _execute_plan_sql(connection, plan.history_statement)
+        catalog.execute_plan_sql(connection, "SET LOCAL TIME ZONE 'UTC'")
+        catalog.execute_plan_sql(connection, plan.history_statement)
 
     def drop_stream(self, name: str) -> None:
         with self.engine.begin() as connection:
@@ -253,7 +236,7 @@ class StrataService:
         """Drop ``name``, then the streams made with it (its join ``<name>__rows``, its
         subquery ``<name>__inner``) that no other stream reads."""
         for statement in records[name].plan.drop_statements:
-            _execute_plan_sql(connection, statement)
+            catalog.execute_plan_sql(connection, statement)
         catalog.delete_stream(connection, name)
         catalog.drop_history(connection, name)
         for made_with in (join_rows_stream(name), inner_stream(name)):
