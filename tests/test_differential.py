@@ -1276,6 +1276,30 @@ def consolidated(db_url: str, spark: SparkSession) -> dict[str, Consolidated]:
     return result
 
 
+def test_small_batches_are_one_task_with_the_same_partials(spark: SparkSession) -> None:
+    """A batch of at most ``single_task_rows`` rows is read as one partition, so that its
+    GROUP BYs need no shuffle; the partial rows are those of the shuffled plan."""
+    source = _source_plan()
+    plans = [rewrite(text, {SOURCE: source}) for text in (AGG_SQL, KEY_SQL)]
+    rows = _arrow_rows()
+    single = SparkBackend(spark)
+    shuffled = SparkBackend(spark, single_task_rows=0)
+    one = single.partials(rows, plans, source=SOURCE)  # type: ignore[arg-type]
+    other = shuffled.partials(rows, plans, source=SOURCE)  # type: ignore[arg-type]
+    for plan in plans:
+        a, b = one[plan.name], other[plan.name]
+        assert a.num_rows > 1
+        assert sorted(a.to_pylist(), key=repr) == sorted(b.to_pylist(), key=repr)
+
+    def physical(backend: SparkBackend) -> str:
+        frame = backend._read(spark, rows, None)  # noqa: SLF001 - the plan is the point
+        grouped = frame.groupBy(RUN_COLUMN, "g").count()
+        return str(grouped._jdf.queryExecution().executedPlan().toString())  # noqa: SLF001
+
+    assert "Exchange" not in physical(single)
+    assert "Exchange" in physical(shuffled)
+
+
 def test_every_registry_aggregate_is_covered() -> None:
     calls = [*AGGREGATES.values(), "approx_count_distinct(i)", "approx_percentile(f, 0.5)"]
     used = {rule_for(sqlglot.parse_one(call, read="postgres")).name for call in calls}

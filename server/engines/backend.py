@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 
 _PARALLEL_JOBS = 4
 
+# Batches of at most this many rows are read as one partition. Spark then plans every
+# GROUP BY of the batch without a shuffle (one partition satisfies any distribution): each
+# job is one stage of one task instead of a scan stage, shuffle files and a reduce stage.
+# In a profile of three streams over 50,000-row runs this took 15% of the JVM's CPU time
+# per batch. Larger batches (back-fill chunks) keep Spark's parallelism.
+SINGLE_TASK_ROWS = 250_000
+
 
 class SparkRestarted(Exception):  # noqa: N818 - names what happened, the caller retries
     """The Spark JVM died during the job and was started again; retry the job."""
@@ -68,8 +75,10 @@ class SparkBackend:
         restart: Callable[[], SparkSession] | None = None,
         *,
         shared_spool: bool | None = None,
+        single_task_rows: int = SINGLE_TASK_ROWS,
     ) -> None:
         self.spark = spark
+        self.single_task_rows = single_task_rows
         self._restart = restart
         self._generation = 0  # sessions of earlier generations belong to a dead JVM
         self._lock = threading.Lock()
@@ -239,6 +248,10 @@ class SparkBackend:
                 session.catalog.dropTempView(view)
 
     def _read(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
+        frame = self._scan(session, rows, files)
+        return frame.coalesce(1) if rows.num_rows <= self.single_task_rows else frame
+
+    def _scan(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
         if not (files and self.reads_files):
             return session.createDataFrame(rows)
         schema = self._file_schemas.get(rows.schema)
