@@ -17,12 +17,14 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from rewriter.naming import RUN_COLUMN
 from rewriter.plan import ParallelAggregatePlan, RawStreamPlan
 from server import catalog
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TIMESTAMPTZ = sa.DateTime(timezone=True)
 
 
 @overload
@@ -141,18 +143,28 @@ def _add_per_window(
     stamp: str,
 ) -> None:
     """Add ``counts`` (column -> (stream, window start) -> count) to ``table``'s rows, and
-    set its ``stamp`` column to now, in one upsert."""
+    set its ``stamp`` column to now, in one upsert. The rows go in as one array per column
+    (unnest): a late run touches a row per window of a day, and a VALUES list of them
+    took SQLAlchemy longer to compile than PostgreSQL to apply."""
     keys = sorted(next(iter(counts.values())))
-    upsert = postgresql.insert(table).values(
-        [
-            {
-                "stream": stream,
-                "window_start": moment(start),
-                **{column: counted[(stream, start)] for column, counted in counts.items()},
-                stamp: sa.func.now(),
-            }
-            for stream, start in keys
-        ]
+    columns = list(counts)
+    rows = (
+        sa.func.unnest(
+            sa.bindparam("streams", [stream for stream, _ in keys], type_=ARRAY(sa.Text)),
+            sa.bindparam("starts", [moment(start) for _, start in keys], type_=ARRAY(TIMESTAMPTZ)),
+            *[
+                sa.bindparam(
+                    f"counts_{column}", [counted[k] for k in keys], type_=ARRAY(sa.BigInteger)
+                )
+                for column, counted in counts.items()
+            ],
+        )
+        .table_valued("stream", "window_start", *columns)
+        .render_derived(name="arrived")
+    )
+    upsert = postgresql.insert(table).from_select(
+        ["stream", "window_start", *columns, stamp],
+        sa.select(rows.c.stream, rows.c.window_start, *[rows.c[c] for c in columns], sa.func.now()),
     )
     connection.execute(
         upsert.on_conflict_do_update(
