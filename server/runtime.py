@@ -114,7 +114,13 @@ def assemble(
     metrics = Metrics(engine, plans)
     spool = Spool(settings.spool_dir)
     pipeline = IngestPipeline(
-        engine, plans, backend, spool, metrics, batch_max_rows=settings.batch_max_rows
+        engine,
+        plans,
+        backend,
+        spool,
+        metrics,
+        batch_max_rows=settings.batch_max_rows,
+        batch_linger=settings.batch_linger,
     )
     service = StrataService(engine, plans, spool, pipeline, metrics)
     every: list[Worker] = [

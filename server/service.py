@@ -311,24 +311,27 @@ class StrataService:
                 f"stream {stream!r} is derived; post runs to its raw source "
                 f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
-        started = time.perf_counter()
-        table = read_rows(record.plan)
-        parsed = time.perf_counter()
-        self.metrics.stage_took("parse", parsed - started)
-        with self.engine.begin() as connection:
-            seq = catalog.next_run_seq(connection)
-        path = self.spool.write(seq, _with_run_column(table, seq))
-        with self.engine.begin() as connection:
-            claimed = catalog.claim_run(connection, seq, run_id, stream, table.num_rows, str(path))
-        self.metrics.stage_took("spool", time.perf_counter() - parsed)
-        if claimed is None:  # a concurrent request with the same run id won
-            self.spool.remove(path)
-            known = self.run(run_id)
-            assert known is not None
-            return self._same_run(known, stream)
-        self.metrics.run_accepted(claimed.seq)
-        self.pipeline.submit(claimed.seq)
-        return claimed
+        with self.pipeline.receiving():
+            started = time.perf_counter()
+            table = read_rows(record.plan)
+            parsed = time.perf_counter()
+            self.metrics.stage_took("parse", parsed - started)
+            with self.engine.begin() as connection:
+                seq = catalog.next_run_seq(connection)
+            path = self.spool.write(seq, _with_run_column(table, seq))
+            with self.engine.begin() as connection:
+                claimed = catalog.claim_run(
+                    connection, seq, run_id, stream, table.num_rows, str(path)
+                )
+            self.metrics.stage_took("spool", time.perf_counter() - parsed)
+            if claimed is None:  # a concurrent request with the same run id won
+                self.spool.remove(path)
+                known = self.run(run_id)
+                assert known is not None
+                return self._same_run(known, stream)
+            self.metrics.run_accepted(claimed.seq)
+            self.pipeline.submit(claimed.seq)
+            return claimed
 
     @staticmethod
     def _same_run(known: RunRecord, stream: str) -> RunRecord:

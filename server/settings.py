@@ -59,6 +59,13 @@ class Settings(BaseSettings):
         1_000_000,
         description="Most rows the backend processes in one Spark job (several runs batched).",
     )
+    batch_linger: float = Field(
+        0.2,
+        ge=0,
+        description="Most seconds a batch waits, while other runs are being received, to take "
+        "them in too: runs of concurrent clients then share one Spark job. A run alone never "
+        "waits; 0: no batch waits.",
+    )
     max_run_bytes: int = Field(
         256 * 1024 * 1024, description="Largest run body accepted, in bytes (larger: 413)."
     )

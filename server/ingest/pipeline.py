@@ -9,10 +9,13 @@ same run finds it no longer pending and writes nothing (exactly once). Partial r
 small (one row per run, window and group), so collecting them on the driver is cheap, and
 no JDBC driver (which would have to be downloaded) is needed.
 
-The pipeline's compute stage runs Spark over batch N+1 while its commit stage writes batch
-N to PostgreSQL. A bounded hand-off keeps at most one computed batch waiting. Exactly-once
-never depends on the pipeline: the commit marker is the pending->committed flip inside the
-commit transaction.
+The compute stage takes every run queued into its next batch. While other runs are still
+being received (read, parsed, spooled: ``receiving``), it waits for them, up to
+``batch_linger`` seconds: runs of concurrent clients then share one Spark job, whose cost
+is mostly fixed. A run alone never waits. The compute stage runs Spark over batch N+1
+while the commit stage writes batch N to PostgreSQL. A bounded hand-off keeps at most one
+computed batch waiting. Exactly-once never depends on the pipeline: the commit marker is
+the pending->committed flip inside the commit transaction.
 
 Stopping (``stop(deadline)``) takes no new batch; a Spark job in flight is cancelled (the
 backend is closed) and a commit in flight may finish until the deadline, when its
@@ -28,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +121,7 @@ class IngestPipeline:
         metrics: Metrics,
         *,
         batch_max_rows: int,
+        batch_linger: float = 0.0,
     ) -> None:
         self.engine = engine
         self.plans = plans
@@ -124,6 +129,10 @@ class IngestPipeline:
         self.spool = spool
         self.metrics = metrics
         self.batch_max_rows = batch_max_rows
+        self.batch_linger = batch_linger
+        # Runs being received (see receiving()), and the condition their arrival signals.
+        self._receiving = 0
+        self._arrivals = threading.Condition()
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
         self._done_lock = threading.Lock()
@@ -149,6 +158,31 @@ class IngestPipeline:
         """Queue an accepted (pending) run for computing and committing."""
         self.expect(seq)
         self._queue.put(seq)
+        with self._arrivals:
+            self._arrivals.notify_all()
+
+    @contextlib.contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Count a run as being received (its rows read, parsed and spooled) until it is
+        submitted or refused: a batch about to start waits for it (see _linger)."""
+        with self._arrivals:
+            self._receiving += 1
+        try:
+            yield
+        finally:
+            with self._arrivals:
+                self._receiving -= 1
+                self._arrivals.notify_all()
+
+    def _linger(self) -> None:
+        """Wait, up to batch_linger seconds, while runs are being received."""
+        deadline = time.monotonic() + self.batch_linger
+        with self._arrivals:
+            while self._receiving and not self._stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrivals.wait(left)
 
     def expect(self, seq: int) -> threading.Event:
         """The event set once run ``seq`` is committed, rejected or gone."""
@@ -179,6 +213,8 @@ class IngestPipeline:
             return
         self._stopping.set()
         self._queue.put(None)
+        with self._arrivals:  # a batch waiting for runs being received starts now
+            self._arrivals.notify_all()
         with self._done_lock:
             waiting = list(self._done.values())
         for event in waiting:
@@ -205,6 +241,8 @@ class IngestPipeline:
             first = self._queue.get()
             if first is None:
                 break
+            if self.batch_linger:
+                self._linger()
             seqs = [first]
             while True:
                 try:
