@@ -114,9 +114,14 @@ def stop_problems(code: int | None) -> list[str]:
     return []
 
 
+def pgdata(data_dir: Path) -> Path:
+    """The embedded PostgreSQL's cluster directory of a server started on ``data_dir``."""
+    return data_dir / "strata" / "postgres" / "pgdata"
+
+
 def stop_orphaned_postgres(data_dir: Path) -> int | None:
     """Fast-shutdown the embedded PostgreSQL if it outlived `strata up`; returns its pid."""
-    pid_file = data_dir / "strata" / "postgres" / "pgdata" / "postmaster.pid"
+    pid_file = pgdata(data_dir) / "postmaster.pid"
     try:
         pid = int(pid_file.read_text().split()[0])
         os.kill(pid, 0)
