@@ -243,6 +243,8 @@ class IngestPipeline:
                 break
             if self.batch_linger:
                 self._linger()
+                if self.stopping:
+                    break  # its runs stay pending for the next start
             seqs = [first]
             while True:
                 try:
@@ -263,7 +265,18 @@ class IngestPipeline:
                     continue
                 log.exception("processing runs %s failed; retrying", seqs)
                 self._retry_later(seqs)
-        self._computed.put(None)
+        self._hand_over(None)
+
+    def _hand_over(self, item: _Batch | None) -> None:
+        """Put ``item`` in the commit stage's hand-off, unless the commit stage is gone
+        (Strata stopping: what it would have committed stays pending for the next start)."""
+        while True:
+            try:
+                self._computed.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.stopping and not self._threads[1].is_alive():
+                    return
 
     def _retry_later(self, seqs: list[int]) -> None:
         self.metrics.worker_failed("ingest")
@@ -320,7 +333,7 @@ class IngestPipeline:
             for run in runs:  # find the run Spark fails on; the others commit
                 self._compute_batch(stream, [run])
             return
-        self._computed.put(batch)
+        self._hand_over(batch)
 
     def _prepare(self, stream: str, runs: list[RunRecord]) -> _Batch:
         paths = [str(r.spool_path) for r in runs]
