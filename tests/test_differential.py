@@ -1277,8 +1277,9 @@ def consolidated(db_url: str, spark: SparkSession) -> dict[str, Consolidated]:
 
 
 def test_small_batches_are_one_task_with_the_same_partials(spark: SparkSession) -> None:
-    """A batch of at most ``single_task_rows`` rows is read as one partition, so that its
-    GROUP BYs need no shuffle; the partial rows are those of the shuffled plan."""
+    """A batch of at most ``single_task_rows`` rows for several streams is read as one
+    partition, so that its GROUP BYs need no shuffle; the partial rows are those of the
+    shuffled plan."""
     source = _source_plan()
     plans = [rewrite(text, {SOURCE: source}) for text in (AGG_SQL, KEY_SQL)]
     rows = _arrow_rows()
@@ -1292,7 +1293,7 @@ def test_small_batches_are_one_task_with_the_same_partials(spark: SparkSession) 
         assert sorted(a.to_pylist(), key=repr) == sorted(b.to_pylist(), key=repr)
 
     def physical(backend: SparkBackend) -> str:
-        frame = backend._read(spark, rows, None)  # noqa: SLF001 - the plan is the point
+        frame = backend._read(spark, rows, None, single=True)  # noqa: SLF001 - the plan is the point
         grouped = frame.groupBy(RUN_COLUMN, "g").count()
         return str(grouped._jdf.queryExecution().executedPlan().toString())  # noqa: SLF001
 

@@ -51,11 +51,12 @@ log = logging.getLogger(__name__)
 
 _PARALLEL_JOBS = 4
 
-# Batches of at most this many rows are read as one partition. Spark then plans every
-# GROUP BY of the batch without a shuffle (one partition satisfies any distribution): each
-# job is one stage of one task instead of a scan stage, shuffle files and a reduce stage.
-# In a profile of three streams over 50,000-row runs this took 15% of the JVM's CPU time
-# per batch. Larger batches (back-fill chunks) keep Spark's parallelism.
+# Batches of at most this many rows, for two or more streams, are read as one partition.
+# Spark then plans every GROUP BY of the batch without a shuffle (one partition satisfies
+# any distribution): each job is one stage of one task instead of a scan stage, shuffle
+# files and a reduce stage, and the jobs, side by side, keep the cores busy. In a profile
+# of three streams over 50,000-row runs this took 15% of the JVM's CPU time per batch.
+# Larger batches (back-fill chunks) and a lone stream keep Spark's parallelism.
 SINGLE_TASK_ROWS = 250_000
 
 
@@ -203,7 +204,9 @@ class SparkBackend:
         probes: JoinProbes | None,
         input_view: str,
     ) -> dict[str, pa.Table]:
-        frame = self._read(session, rows, files)
+        # One partition only when the batch's jobs, running side by side, keep the cores
+        # busy: a lone job keeps Spark's parallel plan.
+        frame = self._read(session, rows, files, single=len(aggregates) > 1)
         frame.createOrReplaceTempView(input_view)
         # Plans come in creation order: a roll-up reads the partial rows of the stream below
         # it, an aggregate over a projection reads the projection's rows; both are
@@ -247,9 +250,11 @@ class SparkBackend:
             for view in [*views, input_view, *_join_input_views(plans)]:
                 session.catalog.dropTempView(view)
 
-    def _read(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
+    def _read(
+        self, session: SparkSession, rows: pa.Table, files: list[str] | None, *, single: bool
+    ) -> DataFrame:
         frame = self._scan(session, rows, files)
-        return frame.coalesce(1) if rows.num_rows <= self.single_task_rows else frame
+        return frame.coalesce(1) if single and rows.num_rows <= self.single_task_rows else frame
 
     def _scan(self, session: SparkSession, rows: pa.Table, files: list[str] | None) -> DataFrame:
         if not (files and self.reads_files):
