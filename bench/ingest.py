@@ -44,6 +44,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -133,6 +134,17 @@ def verify(database_url: str, rows: int, raw: str) -> list[str]:
     return problems
 
 
+@dataclass
+class Phase:
+    """A timed phase: its client threads, its raw stream, and what was measured."""
+
+    threads: int
+    raw: str
+    timing: Timing
+    profile: dict[str, float]  # seconds per ingest stage
+    peak: Peak
+
+
 def raw_stream(threads: int, first: bool) -> str:
     """The raw stream a phase posts to: each phase has its own, with its own streams."""
     return RAW if first else f"{RAW}_t{threads}"
@@ -168,7 +180,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     try:
         server = start_server(data_dir)
         timings.append(Timing("strata up", 0, server.started_in, server.database_url))
-        measured: list[tuple[int, str, Timing, dict[str, float], Peak]] = []
+        measured: list[Phase] = []
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
             for _threads, raw in phases:
                 create_streams(client, raw, rollup=True)
@@ -190,11 +202,11 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
                 if args.mode == "async":
                     strata.notes += f", accepted after {strata.extra['accepted_s']:.2f}s"
                 timings.append(strata)
-                measured.append((threads, raw, strata, profile, peak))
+                measured.append(Phase(threads, raw, strata, profile, peak))
 
         started = time.monotonic()
         problems = [
-            p for _t, raw, *_ in measured for p in verify(server.database_url, data.rows, raw)
+            p for phase in measured for p in verify(server.database_url, data.rows, phase.raw)
         ]
         timings.append(Timing("verify", 0, time.monotonic() - started, "; ".join(problems) or "ok"))
         code, seconds = stop_server(server)
@@ -211,25 +223,26 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
             f"\n{os.cpu_count()} CPUs; load average (1 min) {load_before:.2f} before, "
             f"{os.getloadavg()[0]:.2f} after the timed phases"
         )
-        for threads, _raw, _strata, profile, peak in measured:
+        for phase in measured:
             print(
-                f"{threads} client thread(s): where Strata's time went (seconds summed over "
-                "runs and batches; stages of different runs overlap): "
-                + ", ".join(f"{stage} {profile.get(stage, 0.0):.2f}" for stage in STAGES)
-                + f"; {peak.describe()}"
+                f"{phase.threads} client thread(s): where Strata's time went (seconds summed "
+                "over runs and batches; stages of different runs overlap): "
+                + ", ".join(f"{stage} {phase.profile.get(stage, 0.0):.2f}" for stage in STAGES)
+                + f"; {phase.peak.describe()}"
             )
         trouble = log_problems(server)
         if trouble:
             print(f"\nserver log: {len(trouble)} warning/error lines, e.g.:")
             for line in trouble[:15]:
                 print("  " + line[:300])
-        for threads, _raw, strata, profile, peak in measured:
+        for phase in measured:
+            strata, profile, peak = phase.timing, phase.profile, phase.peak
             ratio = round(strata.rows_per_s / copy.rows_per_s, 3)
             print(
                 json.dumps(
                     {
                         "rows": data.rows,
-                        "threads": threads,
+                        "threads": phase.threads,
                         "strata_rows_per_s": round(strata.rows_per_s),
                         "copy_rows_per_s": round(copy.rows_per_s),
                         "ratio": ratio,
@@ -239,7 +252,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
             )
             results.append(
                 Result(
-                    figure_name(args, threads),
+                    figure_name(args, phase.threads),
                     strata.rows_per_s,
                     copy.rows_per_s,
                     "PostgreSQL COPY of the raw rows",
