@@ -135,6 +135,7 @@ class IngestPipeline:
         self._arrivals = threading.Condition()
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
+        self._unfinished: set[int] = set()  # submitted, not yet committed or rejected
         self._done_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
@@ -154,8 +155,17 @@ class IngestPipeline:
         with self.engine.connect() as connection:
             return self.plans.load(connection)
 
+    @property
+    def idle(self) -> bool:
+        """Whether no run is being received, queued, computed or committed."""
+        with self._done_lock:
+            unfinished = bool(self._unfinished)
+        return not unfinished and not self._receiving and self._queue.empty()
+
     def submit(self, seq: int) -> None:
         """Queue an accepted (pending) run for computing and committing."""
+        with self._done_lock:
+            self._unfinished.add(seq)
         self.expect(seq)
         self._queue.put(seq)
         with self._arrivals:
@@ -366,6 +376,7 @@ class IngestPipeline:
 
     def _finish(self, seq: int) -> None:
         with self._done_lock:
+            self._unfinished.discard(seq)
             event = self._done.pop(seq, None)
         if event is not None:
             event.set()
