@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 import sqlalchemy as sa
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from psycopg import sql
@@ -115,6 +115,12 @@ class Metrics:
             "strata_http_errors",
             "HTTP error responses (4xx and 5xx), by status and error class.",
             ["status", "error"],
+            registry=registry,
+        )
+        self.warmup_left = Gauge(
+            "strata_spark_warmup_batches_left",
+            "Batches of Spark's start-up warm-up still to run (STRATA_SPARK_WARMUP); 0 once "
+            "it is done.",
             registry=registry,
         )
         registry.register(CatalogCollector(engine, plans))

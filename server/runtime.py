@@ -22,6 +22,7 @@ from server.comments import comment_all
 from server.engines.backend import SparkBackend
 from server.engines.embedded_pg import EmbeddedPostgres, Supervisor, stored_url
 from server.engines.spark import create_spark_session, jvm_pid, kill_driver_jvms
+from server.engines.warmup import Warmup
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
@@ -51,6 +52,7 @@ class Runtime:
     backend: SparkBackend
     service: StrataService
     sql_port: SqlPort
+    warmup: Warmup
     workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
 
     def info(self) -> dict[str, object]:
@@ -67,12 +69,13 @@ class Runtime:
         }
 
     def start(self) -> None:
-        """Resume pending runs, start the ingest pipeline and the workers, and open the
-        SQL port."""
+        """Resume pending runs, start the ingest pipeline and the workers, open the SQL
+        port, and warm Spark up while no run waits."""
         self.service.pipeline.start()
         for worker in self.workers.values():
             worker.start()
         self.sql_port.start()
+        self.warmup.start()
 
     def begin_stop(self) -> None:
         """Ask everything to stop, without waiting: workers finish their step, the
@@ -81,6 +84,7 @@ class Runtime:
         # Every worker finishes its current step at the same time, not one after another.
         for worker in self.workers.values():
             worker.request_stop()
+        self.warmup.request_stop()
         self.service.pipeline.request_stop()
         self.backend.close()
 
@@ -93,7 +97,7 @@ class Runtime:
         end = time.monotonic() + 60 if deadline is None else deadline
         pipeline = self.service.pipeline
         while time.monotonic() < end and (
-            pipeline.running or any(w.running for w in self.workers.values())
+            pipeline.running or self.warmup.running or any(w.running for w in self.workers.values())
         ):
             time.sleep(0.2)
             # Spark cancels the jobs running when asked, not those a step or a batch starts
@@ -101,6 +105,7 @@ class Runtime:
             self.backend.close()
         for worker in self.workers.values():
             worker.stop(0.0)
+        self.warmup.stop(0.0)
         pipeline.stop(end)
 
 
@@ -149,7 +154,14 @@ def assemble(
     assert {w.name for w in every} == set(ALL_WORKERS), "Settings.workers names every worker"
     workers: dict[str, Worker] = {w.name: w for w in every if w.name in settings.workers}
     sql_port = SqlPort(service, settings, database_url)
-    return Runtime(settings, database_url, engine, backend, service, sql_port, workers)
+    warmup = Warmup(
+        backend,
+        settings.spark_dir / "warmup",
+        batches=settings.spark_warmup,
+        idle=lambda: pipeline.idle,
+        gauge=metrics.warmup_left,
+    )
+    return Runtime(settings, database_url, engine, backend, service, sql_port, warmup, workers)
 
 
 @contextmanager

@@ -66,6 +66,13 @@ class Settings(BaseSettings):
         "them in too: runs of concurrent clients then share one Spark job. A run alone never "
         "waits; 0: no batch waits.",
     )
+    spark_warmup: int = Field(
+        40,
+        ge=0,
+        description="Synthetic batches Spark runs after a start, while no run waits, so that "
+        "its JVM has compiled its hot code before runs need it (about 20 s of 2 cores); a run "
+        "arriving meanwhile waits at most for the batch in flight. 0: no warm-up.",
+    )
     max_run_bytes: int = Field(
         256 * 1024 * 1024, description="Largest run body accepted, in bytes (larger: 413)."
     )

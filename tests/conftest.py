@@ -24,6 +24,11 @@ from server.runtime import Runtime, assemble
 from server.settings import Settings
 from server.workers.backfill import wait_for
 
+# Servers the tests start as subprocesses (the benchmarks' at smoke scale among them) skip
+# Spark's start-up warm-up, whose CPU would slow the other tests down; tests/test_warmup.py
+# turns it on.
+os.environ.setdefault("STRATA_SPARK_WARMUP", "0")
+
 
 def with_database(url: str, dbname: str) -> str:
     """`url` (postgresql://...) pointing at database `dbname` instead."""
@@ -107,7 +112,13 @@ def strata_client(
     engine = create_catalog_engine(database_url)
     migrate(engine)
     # The SQL port on any free port: tests run side by side.
-    defaults: dict[str, object] = {"run_wait_timeout": 120, "workers": TEST_WORKERS, "pg_port": 0}
+    # No start-up warm-up of the shared Spark session (tests/test_warmup.py has its own).
+    defaults: dict[str, object] = {
+        "run_wait_timeout": 120,
+        "workers": TEST_WORKERS,
+        "pg_port": 0,
+        "spark_warmup": 0,
+    }
     config = Settings(
         data_dir=data_dir,
         database_url=database_url,

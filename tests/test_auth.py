@@ -538,7 +538,8 @@ def test_embedded_postgres_wants_every_role_s_password(tmp_path: Path) -> None:
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    return env | {"STRATA_SPARK_WARMUP": "0"}  # no start-up warm-up: tests/test_warmup.py
 
 
 @contextmanager

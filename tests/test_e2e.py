@@ -49,6 +49,9 @@ class Server:
     def start(self, *, wait: bool = True) -> None:
         """Start `strata up`; with ``wait``, until it answers /health."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+        # No start-up warm-up (its CPU would slow the tests down); tests/test_warmup.py
+        # has its own.
+        env["STRATA_SPARK_WARMUP"] = "0"
         env |= self.extra_env
         self.process = subprocess.Popen(
             [

@@ -123,6 +123,14 @@ class SparkBackend:
             if locked:
                 self._lock.release()
 
+    def collect_garbage(self) -> None:
+        """A full garbage collection in the driver's JVM, which then returns the heap it
+        no longer needs to the operating system."""
+        session, _ = self._session()
+        jvm = session.sparkContext._jvm
+        assert jvm is not None
+        jvm.java.lang.System.gc()
+
     def _session(self) -> tuple[SparkSession, int]:
         with self._lock:  # waits while a restart is under way
             cached = getattr(self._local, "session", None)
