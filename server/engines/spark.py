@@ -77,7 +77,11 @@ def create_spark_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": driver_memory,
         # Timestamps without zone are interpreted the same in the JVM and in the session.
-        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        # GCTimeRatio=4 (G1's default is 12): the heap grows only while collections take
+        # more than a fifth of the time. Batches allocate fast but keep little (a warmed-up
+        # driver held 80 MB live in a 1.3 GB heap); the smaller heap cut the ingest
+        # benchmark's peak memory by about a third at the same speed.
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:GCTimeRatio=4",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.local.dir": str(local_dir / "scratch"),
         "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
