@@ -74,6 +74,7 @@ from bench.harness.server import (
     log_lines,
     log_problems,
     start_server,
+    start_timings,
     stop_orphaned_postgres,
     stop_problems,
     stop_server,
@@ -330,7 +331,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     try:
         server = start_server(data_dir)
         url = server.database_url
-        timings.append(Timing("strata up", 0, server.started_in, url))
+        timings += start_timings(server, url)
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
             create_stream(client, RAW_SQL.format(raw=RAW))
             create_stream(client, RAW_SQL.format(raw=WARMUP))

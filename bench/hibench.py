@@ -102,7 +102,7 @@ from bench.harness.database import copy_baseline, fetch_one, scalar
 from bench.harness.errors import BenchError
 from bench.harness.percentile import percentile
 from bench.harness.results import Result, Timing, check_scale, latency_results, print_table
-from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.server import Server, clean_up, start_timings, stop_problems, stop_server
 from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
 from server.engines.spark import stop_spark_session
 
@@ -477,7 +477,7 @@ def run(
     try:
         server, spark, spark_seconds = start_server_and_spark(work, "hibench-sss")
         timings.append(Timing("Spark session", 0, spark_seconds))
-        timings.append(Timing("strata up", 0, server.started_in, server.database_url))
+        timings += start_timings(server, server.database_url)
         url = server.database_url
         # Every body into the plain table the checks compare with.
         copy = copy_baseline(url, data, PLAIN, COLUMNS)

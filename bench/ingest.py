@@ -70,6 +70,7 @@ from bench.harness.server import (
     log_problems,
     pgdata,
     start_server,
+    start_timings,
     stop_orphaned_postgres,
     stop_problems,
     stop_server,
@@ -179,7 +180,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     phases = [(threads, raw_stream(threads, k == 0)) for k, threads in enumerate(args.threads)]
     try:
         server = start_server(data_dir)
-        timings.append(Timing("strata up", 0, server.started_in, server.database_url))
+        timings += start_timings(server, server.database_url)
         measured: list[Phase] = []
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
             for _threads, raw in phases:

@@ -87,7 +87,7 @@ from bench.harness.nexmark import (
 )
 from bench.harness.percentile import percentile
 from bench.harness.results import Result, Timing, check_scale, print_table
-from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.server import Server, clean_up, start_timings, stop_problems, stop_server
 from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
 from server.engines.spark import stop_spark_session
 
@@ -401,7 +401,7 @@ def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[st
         # Every micro-batch's progress, for the rows read and dropped (100 by default).
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
         timings.append(Timing("Spark session", 0, spark_seconds))
-        timings.append(Timing("strata up", 0, server.started_in, server.database_url))
+        timings += start_timings(server, server.database_url)
         url = server.database_url
         for stream in (AUCTION, BID):
             copy = copy_baseline(url, workload.of(stream), PLAIN[stream], COLUMNS[stream])

@@ -63,7 +63,7 @@ from bench.harness.nexmark_streams import (
     generate,
 )
 from bench.harness.results import Result, Timing, check_scale, print_table
-from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.server import Server, clean_up, start_timings, stop_problems, stop_server
 from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
 from server.engines.spark import stop_spark_session
 
@@ -390,7 +390,7 @@ def run(
         server, spark, spark_seconds = start_server_and_spark(work, "nexmark-sss")
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
         timings.append(Timing("Spark session", 0, spark_seconds))
-        timings.append(Timing("strata up", 0, server.started_in, server.database_url))
+        timings += start_timings(server, server.database_url)
         load_batch_tables(server.database_url, workload)
         for query in chosen:
             entry: dict[str, Any] = {"inputs": list(query.inputs)}

@@ -82,7 +82,7 @@ from bench.harness.impressions import COLUMNS, PLAIN, create_streams, generate
 from bench.harness.lateness import HOURS_LATE, ON_TIME
 from bench.harness.percentile import percentile
 from bench.harness.results import Result, Timing, check_scale, latency_results, print_table
-from bench.harness.server import Server, clean_up, stop_problems, stop_server
+from bench.harness.server import Server, clean_up, start_timings, stop_problems, stop_server
 from bench.harness.sss import PostgresSink, SparkJob, start_server_and_spark
 from server.engines.spark import stop_spark_session
 
@@ -418,7 +418,7 @@ def run(scale: str = "full", *, threads: int = 4, keep: bool = False) -> dict[st
     try:
         server, spark, spark_seconds = start_server_and_spark(work, "peer-sss")
         timings.append(Timing("Spark session", 0, spark_seconds))
-        timings.append(Timing("strata up", 0, server.started_in, server.database_url))
+        timings += start_timings(server, server.database_url)
         url = server.database_url
         copy = copy_baseline(url, data, PLAIN, COLUMNS)
         timings.append(copy)

@@ -63,6 +63,7 @@ from bench.harness.server import (
     clean_up,
     log_problems,
     start_server,
+    start_timings,
     stop_orphaned_postgres,
     stop_problems,
     stop_server,
@@ -254,7 +255,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result]]:
     results: list[Result] = []
     try:
         server = start_server(data_dir)
-        timings.append(Timing("strata up", 0, server.started_in, server.psql_url))
+        timings += start_timings(server, server.psql_url)
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
             for raw in raw_streams():
                 create_streams(client, raw, rollup=True)

@@ -1,6 +1,7 @@
 """``strata up`` as the benchmarks run it: a real subprocess on a free port and a data dir
-of the benchmark's (embedded PostgreSQL, local Spark), healthy before it is used, stopped
-with SIGTERM and required to exit cleanly; its log is ``<data dir>/server.log``."""
+of the benchmark's (embedded PostgreSQL, local Spark), healthy and done with its start-up
+Spark warm-up (STRATA_SPARK_WARMUP) before it is used, stopped with SIGTERM and required to
+exit cleanly; its log is ``<data dir>/server.log``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.errors import BenchError
+from bench.harness.results import Timing
 from server.net import free_port
 
 STARTUP_TIMEOUT = 300.0
@@ -29,7 +32,8 @@ class Server:
     log_path: Path
     database_url: str = ""
     psql_url: str = ""  # the SQL port
-    started_in: float = 0.0
+    started_in: float = 0.0  # until GET /health answered
+    warmed_in: float = 0.0  # then until Spark's start-up warm-up was done
 
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -82,7 +86,38 @@ def start_server(data_dir: Path) -> Server:
     server.started_in = time.monotonic() - started
     info = httpx.get(f"{server.url}/info", timeout=10).json()
     server.database_url, server.psql_url = info["database_url"], info["psql_url"]
+    _wait_for_warmup(server, deadline)
+    server.warmed_in = time.monotonic() - started - server.started_in
     return server
+
+
+def start_timings(server: Server, address: str) -> list[Timing]:
+    """The table's lines for the server's start: until healthy, then its Spark warm-up
+    (neither is part of any timed phase)."""
+    return [
+        Timing("strata up", 0, server.started_in, address),
+        Timing("Spark warm-up", 0, server.warmed_in, "STRATA_SPARK_WARMUP batches"),
+    ]
+
+
+def _wait_for_warmup(server: Server, deadline: float) -> None:
+    """Wait until the server's start-up Spark warm-up is done (its gauge is 0): the
+    benchmarks measure a server that has finished starting."""
+    while time.monotonic() < deadline:
+        if warmup_left(server) == 0:
+            return
+        time.sleep(0.25)
+    stop_server(server)
+    raise BenchError(f"Spark's warm-up not done after {STARTUP_TIMEOUT:.0f}s")
+
+
+def warmup_left(server: Server) -> float:
+    """Batches of the server's start-up Spark warm-up still to run (GET /metrics)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "strata_spark_warmup_batches_left":
+            return float(family.samples[0].value)
+    raise BenchError("GET /metrics has no strata_spark_warmup_batches_left")
 
 
 def stop_server(server: Server) -> tuple[int | None, float]:
