@@ -96,7 +96,7 @@ def start_timings(server: Server, address: str) -> list[Timing]:
     (neither is part of any timed phase)."""
     return [
         Timing("strata up", 0, server.started_in, address),
-        Timing("Spark warm-up", 0, server.warmed_in, "STRATA_SPARK_WARMUP batches"),
+        Timing("strata up: Spark warm-up", 0, server.warmed_in, "STRATA_SPARK_WARMUP batches"),
     ]
 
 
