@@ -20,9 +20,7 @@ batches (0: none).
 
 from __future__ import annotations
 
-import logging
 import random
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -35,9 +33,9 @@ from prometheus_client import Gauge
 from rewriter import rewrite
 from rewriter.naming import RUN_COLUMN
 from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from server.catalog import ComputedPlan
 from server.engines.backend import SparkBackend, SparkStopped
-
-log = logging.getLogger(__name__)
+from server.workers.loop import Background
 
 WARMUP_ROWS = 50_000
 WARMUP_KEYS = 200
@@ -58,13 +56,15 @@ STREAMS = (
 )
 
 
-def warmup_plans() -> list[ParallelAggregatePlan]:
+def warmup_plans() -> list[ComputedPlan]:
     """The derived streams of the synthetic raw stream, in creation order."""
     plans: dict[str, StreamPlan] = {}
     for statement in STREAMS:
         plan = rewrite(statement, plans)
         plans[plan.name] = plan
-    derived = [p for p in plans.values() if isinstance(p, ParallelAggregatePlan)]
+    derived: list[ComputedPlan] = [
+        p for p in plans.values() if isinstance(p, ParallelAggregatePlan)
+    ]
     assert len(derived) == len(STREAMS) - 1, "every warm-up stream is a parallel aggregate"
     return derived
 
@@ -92,10 +92,12 @@ def warmup_rows(rows: int = WARMUP_ROWS, seed: int = 7) -> pa.Table:
     )
 
 
-class Warmup:
+class Warmup(Background):
     """Runs ``batches`` synthetic batches through ``backend`` in a thread of its own,
     each while ``idle()`` holds; ``left`` (and the gauge, when given) says how many are
     still to run."""
+
+    name = "warmup"
 
     def __init__(
         self,
@@ -112,29 +114,14 @@ class Warmup:
         self.idle = idle
         self.gauge = gauge
         self.left = batches
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._show()
 
     def start(self) -> None:
-        if self.batches <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name="strata-warmup", daemon=True)
-        self._thread.start()
+        if self.batches > 0:
+            super().start()
 
-    def request_stop(self) -> None:
-        self._stopping.set()
-
-    def stop(self, timeout: float) -> None:
-        self.request_stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
+    def _loop(self) -> None:
         path = self.scratch / "warmup.parquet"
         try:
             plans = warmup_plans()
@@ -147,17 +134,17 @@ class Warmup:
                 # Alternately every stream (one partition, jobs side by side) and the
                 # count(DISTINCT) stream alone (Spark's parallel plan).
                 chosen = plans if batch % 2 == 0 else [plans[1]]
-                self.backend.partials(rows, list(chosen), source=RAW, files=[str(path)])
+                self.backend.partials(rows, chosen, source=RAW, files=[str(path)])
                 self.left -= 1
                 self._show()
             # The warm-up grew the JVM's heap; a full collection gives the memory back.
             self.backend.collect_garbage()
-            log.info("Spark warmed up (%d batches)", self.batches)
+            self.log.info("Spark warmed up (%d batches)", self.batches)
         except SparkStopped:
             pass
         except Exception as error:  # the server runs on; its first runs are slower
             if not self._stopping.is_set():
-                log.warning("Spark's warm-up ended early: %s", error)
+                self.log.warning("Spark's warm-up ended early: %s", error)
         finally:
             self.left = 0
             self._show()

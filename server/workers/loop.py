@@ -1,5 +1,8 @@
 """One shape for every background worker: the same loop over the same per-stream step.
 
+Every background thread (a worker, Spark's start-up warm-up) is a Background: it starts
+as a daemon thread, is asked to stop, and is waited for, the same way.
+
 A worker wakes every ``interval`` seconds and calls ``step(plan)`` for each stream it
 applies to; a step does one bounded, idempotent unit of work in its own transaction and
 returns how much it did (it is called again while it keeps doing ``batch`` worth). One
@@ -20,8 +23,44 @@ from server.catalog import PlanCache
 from server.metrics import Metrics
 
 
-class Worker(ABC):
+class Background(ABC):
+    """A named daemon thread running ``_loop`` until it is done or asked to stop."""
+
     name = "worker"
+
+    def __init__(self) -> None:
+        self.log = logging.getLogger(f"strata.{self.name}")
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def _loop(self) -> None:
+        """The thread's work; it ends soon after ``_stopping`` is set."""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"strata-{self.name}", daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        """Stop after the current step; do not wait."""
+        self._stopping.set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop, waiting up to ``timeout`` seconds for the step in flight; a step still
+        running then is left to end with the process."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+
+class Worker(Background):
+    """A background worker: every ``interval`` seconds, its steps over every stream it
+    applies to. A step is one transaction: one still running when the process ends (or
+    PostgreSQL stops) rolls back."""
 
     def __init__(
         self,
@@ -37,9 +76,7 @@ class Worker(ABC):
         self.interval = interval
         self.batch = batch
         self.metrics = metrics  # counts items handled and failures, when set
-        self.log = logging.getLogger(f"strata.{self.name}")
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     @abstractmethod
     def applies_to(self, plan: StreamPlan) -> bool:
@@ -87,26 +124,6 @@ class Worker(ABC):
     def _failed(self) -> None:
         if self.metrics is not None:
             self.metrics.worker_failed(self.name)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"strata-{self.name}", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Stop after the current step (which is one transaction); do not wait."""
-        self._stopping.set()
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """Stop, waiting up to ``timeout`` seconds for the step in flight; a step still
-        running then is left to end with the process (or with PostgreSQL's stop): it is
-        one transaction, which then rolls back."""
-        self.request_stop()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval):
