@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,10 +20,10 @@ from tests.conftest import strata_client
 from tests.test_e2e import Server
 
 
-def wait_until(condition: object, timeout: float = 180.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return
         time.sleep(0.05)
     raise AssertionError("condition not met in time")

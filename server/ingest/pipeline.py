@@ -157,10 +157,11 @@ class IngestPipeline:
 
     @property
     def idle(self) -> bool:
-        """Whether no run is being received, queued, computed or committed."""
+        """Whether no run is being received, queued, computed or committed (a queued run
+        is one submitted and not finished)."""
         with self._done_lock:
             unfinished = bool(self._unfinished)
-        return not unfinished and not self._receiving and self._queue.empty()
+        return not unfinished and not self._receiving
 
     def submit(self, seq: int) -> None:
         """Queue an accepted (pending) run for computing and committing."""
