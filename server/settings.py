@@ -47,7 +47,11 @@ class Settings(BaseSettings):
         None,
         description="Spark master URL (e.g. spark://host:7077). Unset: local Spark in-process.",
     )
-    spark_driver_memory: str = Field("2g", description="Memory of the Spark driver JVM.")
+    spark_driver_memory: str = Field(
+        "1g",
+        description="Memory of the Spark driver JVM (its heap's maximum). In local mode the "
+        "driver also runs the tasks; raise it for very large back-fill chunks or join batches.",
+    )
     shared_spool: bool | None = Field(
         None,
         description="Whether Spark executors see the data directory at the driver's path "
