@@ -32,7 +32,7 @@ from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
 from server.shutdown import SPARK_SHARE, WORK_SHARE, Shutdown
 from server.workers.backfill import Backfiller
-from server.workers.loop import Worker
+from server.workers.loop import Background, Worker
 from server.workers.reducer import Reducer
 from server.workers.retention import Retention
 from server.workers.serial import Materializer, Repairer
@@ -68,6 +68,11 @@ class Runtime:
             "embedded_postgres": self.settings.database_url is None,
         }
 
+    @property
+    def background(self) -> list[Background]:
+        """The threads that stop alike: the workers, then Spark's warm-up."""
+        return [*self.workers.values(), self.warmup]
+
     def start(self) -> None:
         """Resume pending runs, start the ingest pipeline and the workers, open the SQL
         port, and warm Spark up while no run waits."""
@@ -82,9 +87,8 @@ class Runtime:
         pipeline takes no new batch and wakes the clients waiting for runs, Spark jobs in
         flight are cancelled (their runs stay pending)."""
         # Every worker finishes its current step at the same time, not one after another.
-        for worker in self.workers.values():
-            worker.request_stop()
-        self.warmup.request_stop()
+        for thread in self.background:
+            thread.request_stop()
         self.service.pipeline.request_stop()
         self.backend.close()
 
@@ -97,15 +101,14 @@ class Runtime:
         end = time.monotonic() + 60 if deadline is None else deadline
         pipeline = self.service.pipeline
         while time.monotonic() < end and (
-            pipeline.running or self.warmup.running or any(w.running for w in self.workers.values())
+            pipeline.running or any(thread.running for thread in self.background)
         ):
             time.sleep(0.2)
             # Spark cancels the jobs running when asked, not those a step or a batch starts
             # a moment later (a batch runs several): cancel again until they are all done.
             self.backend.close()
-        for worker in self.workers.values():
-            worker.stop(0.0)
-        self.warmup.stop(0.0)
+        for thread in self.background:
+            thread.stop(0.0)
         pipeline.stop(end)
 
 
