@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import settings as hypothesis_settings
 from psycopg import sql
 from pyspark.sql import SparkSession
 
@@ -28,6 +29,24 @@ from server.workers.backfill import wait_for
 # Spark's start-up warm-up, whose CPU would slow the other tests down; tests/test_warmup.py
 # turns it on.
 os.environ.setdefault("STRATA_SPARK_WARMUP", "0")
+
+# Hypothesis profiles. "ci" (the default) is derandomized: CI runs the same examples every
+# time, so a red run is reproducible and a green one is not luck. "nightly" draws fresh,
+# ten times as many examples: `pytest --hypothesis-profile nightly`. A property test asks
+# for `examples(n)` examples: n under "ci", 10n under "nightly".
+EXAMPLES_BASE = 100
+hypothesis_settings.register_profile(
+    "ci", derandomize=True, max_examples=EXAMPLES_BASE, deadline=None, print_blob=True
+)
+hypothesis_settings.register_profile(
+    "nightly", derandomize=False, max_examples=10 * EXAMPLES_BASE, deadline=None
+)
+hypothesis_settings.load_profile(os.environ.get("STRATA_HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n: int) -> int:
+    """How many examples a property test that wants ``n`` in CI runs under this profile."""
+    return max(n, n * hypothesis_settings.default.max_examples // EXAMPLES_BASE)
 
 
 def with_database(url: str, dbname: str) -> str:

@@ -4,7 +4,8 @@ view equals its batch query read in the same snapshot."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import cycle
 from typing import TypeVar
@@ -56,3 +57,71 @@ def cut(rows: Sequence[T], sizes: Sequence[int]) -> Iterator[list[T]]:
             return
         position += size
         yield chunk
+
+
+class SnapshotReader:
+    """A thread that reads while a test writes: over and over, it runs ``check`` in one
+    REPEATABLE READ snapshot (``check`` raises when the views and their oracles differ).
+
+    Used as a context manager around the writing. On exit it stops, joins, and re-raises
+    the first error the thread met (a mismatch or anything else: an exception in a thread
+    is otherwise only a warning), then requires at least ``min_snapshots`` compared
+    snapshots, so that a reader that never got to read cannot pass."""
+
+    def __init__(
+        self,
+        database_url: str,
+        check: Callable[[psycopg.Connection], object],
+        *,
+        min_snapshots: int = 5,
+    ) -> None:
+        self.database_url = database_url
+        self.check = check
+        self.min_snapshots = min_snapshots
+        self.snapshots = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="snapshot-reader", daemon=True)
+
+    @classmethod
+    def of(
+        cls, database_url: str, pairs: Mapping[str, str], *, min_snapshots: int = 5
+    ) -> SnapshotReader:
+        """A reader comparing each view query with its oracle query (as multisets)."""
+
+        def check(connection: psycopg.Connection) -> None:
+            for view, oracle in pairs.items():
+                got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
+                want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
+                assert got == want, f"{view}: {len(got)} rows, the oracle {len(want)}"
+
+        return cls(database_url, check, min_snapshots=min_snapshots)
+
+    def _read(self) -> None:
+        try:
+            with psycopg.connect(self.database_url, autocommit=True) as connection:
+                while not self._stop.is_set():
+                    with connection.transaction():
+                        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        self.check(connection)
+                    self.snapshots += 1
+        except BaseException as error:  # noqa: BLE001 - re-raised by __exit__
+            self.error = error
+
+    def __enter__(self) -> SnapshotReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: object, value: BaseException | None, traceback: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=300)
+        assert not self._thread.is_alive(), "the snapshot reader did not stop"
+        if value is not None:
+            return  # the writer's own error comes first
+        if self.error is not None:
+            raise AssertionError(
+                f"the snapshot reader failed after {self.snapshots} snapshots"
+            ) from self.error
+        assert self.snapshots >= self.min_snapshots, (
+            f"the reader compared {self.snapshots} snapshots, fewer than {self.min_snapshots}"
+        )
