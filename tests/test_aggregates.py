@@ -40,7 +40,8 @@ from rewriter.sketches import (
     KMV_K,
     ddsketch_bucket,
 )
-from tests.conftest import Strata
+from tests.conftest import Strata, examples
+from tests.test_order_independence import late, late_runs, with_a_late_run
 
 SQL_FILE = Path(__file__).resolve().parents[1] / "sql" / "002_aggregates.sql"
 EPOCH = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
@@ -650,13 +651,13 @@ property_rows = st.lists(
             ),
         }
     ),
-    min_size=1,
+    min_size=2,
     max_size=60,
-)
+).filter(lambda rows: len({row["t"] for row in rows}) > 1)  # a late run needs two times
 
 
 @settings(
-    max_examples=8,
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -675,10 +676,12 @@ def test_any_split_and_order_gives_postgresql_results(
         f"CREATE STREAM prop_{suffix} AS SELECT g, window_start, {PROPERTY_SELECT} "
         f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY g, window_start"
     )
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(rows) - 1)), max_size=3)))
-    runs = [rows[a:b] for a, b in itertools.pairwise([0, *cuts, len(rows)]) if rows[a:b]]
-    for index in data.draw(st.permutations(range(len(runs)))):
-        strata.ingest(raw, _ndjson(runs[index]))
+    # Two runs at least, in any order with one at least behind an earlier one.
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(rows) - 1), min_size=1, max_size=3)))
+    runs = [rows[a:b] for a, b in itertools.pairwise([0, *cuts, len(rows)])]
+    runs = with_a_late_run(data.draw(st.permutations(runs)), lambda row: row["t"])
+    for run in runs:
+        strata.ingest(raw, _ndjson(run))
     order = "ORDER BY 1, 2"
     view = strata.query(f"SELECT * FROM prop_{suffix} {order}")
     oracle = strata.query(
@@ -692,3 +695,5 @@ def test_any_split_and_order_gives_postgresql_results(
                 assert _close(got[k], expected[k], 1e-9), (k, got, expected)
             else:
                 assert _same_digits(got[k], expected[k]), (k, got[k], expected[k])
+    # The example proved something: groups to compare, and a run that came late.
+    assert oracle and late(runs, lambda row: row["t"]) and late_runs(strata, raw) > 0

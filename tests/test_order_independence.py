@@ -13,13 +13,17 @@ import csv
 import io
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Strata
+from tests.conftest import Strata, examples
+
+T = TypeVar("T")
 
 EPOCH = datetime(2024, 3, 1, tzinfo=UTC)
 _names = itertools.count()
@@ -104,9 +108,37 @@ events = st.lists(
             ),
         }
     ),
-    min_size=1,
+    min_size=2,
     max_size=120,
-)
+).filter(lambda rows: len({row["t"] for row in rows}) > 1)  # one late run needs two times
+
+
+def late(runs: Sequence[Sequence[T]], time: Callable[[T], Any]) -> bool:
+    """Whether a run arrives late: behind a later event time an earlier run holds."""
+    newest = None
+    for run in runs:
+        times = [time(row) for row in run]
+        if newest is not None and min(times) < newest:
+            return True
+        newest = max(times) if newest is None else max(newest, *times)
+    return False
+
+
+def with_a_late_run(runs: Sequence[Sequence[T]], time: Callable[[T], Any]) -> list[Sequence[T]]:
+    """``runs`` in their order, unless none arrives late: then with the first and the last
+    swapped. Runs none of which is late are in event-time order, so the last then arrives
+    first and the first after it, behind it, as soon as the runs hold two different
+    times (there must be two runs or more)."""
+    ordered = list(runs)
+    assert len(ordered) > 1, "a late run needs two runs"
+    if not late(ordered, time):
+        ordered[0], ordered[-1] = ordered[-1], ordered[0]
+    return ordered
+
+
+def late_runs(strata: Strata, raw: str) -> int:
+    """How many runs of raw stream ``raw`` Strata counted late (behind its watermark)."""
+    return int(strata.client.get(f"/streams/{raw}").json()["progress"]["late_runs"])
 
 
 def _ndjson(rows: list[dict]) -> str:
@@ -145,7 +177,7 @@ def _normalise(rows: list[tuple]) -> list[tuple]:
 
 
 @settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -158,10 +190,12 @@ def test_views_equal_batch_group_by(module_strata: Strata, rows: list[dict], dat
         f"CREATE STREAM {raw} (campaign text, user_id bigint, price numeric(12,4), "
         "t timestamptz) WITH (event_time = 't')"
     )
-    # Split into runs at random cut points, then deliver the runs in random order.
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(rows) - 1)), max_size=5)))
-    runs = [rows[a:b] for a, b in itertools.pairwise([0, *cuts, len(rows)]) if rows[a:b]]
-    order = data.draw(st.permutations(range(len(runs))))
+    # Split into runs at random cut points (one at least), then deliver the runs in random
+    # order, one at least behind a later event time an earlier run held.
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(rows) - 1), min_size=1, max_size=5)))
+    runs = [rows[a:b] for a, b in itertools.pairwise([0, *cuts, len(rows)])]
+    order = data.draw(st.permutations(runs))
+    arrivals = with_a_late_run(order, lambda row: row["t"])
     late_streams = data.draw(st.sets(st.sampled_from(sorted(DERIVED))))
     create_at = data.draw(st.integers(0, len(runs)))
 
@@ -172,11 +206,10 @@ def test_views_equal_batch_group_by(module_strata: Strata, rows: list[dict], dat
 
     for kind in sorted(set(DERIVED) - late_streams):
         create(kind)
-    for position, index in enumerate(order):
+    for position, run in enumerate(arrivals):
         if position == create_at:
             for kind in sorted(late_streams):
                 create(kind)
-        run = runs[index]
         use_csv = data.draw(st.booleans())
         strata.ingest(raw, _csv(run) if use_csv else _ndjson(run), csv=use_csv)
     if create_at >= len(runs):
@@ -185,7 +218,12 @@ def test_views_equal_batch_group_by(module_strata: Strata, rows: list[dict], dat
 
     assert strata.query(f"SELECT count(*) FROM {raw}") == [(len(rows),)]
     checks = list(DERIVED.items()) + [i for over in OVER.values() for i in over.items()]
+    compared = {}
     for kind, (_ddl, oracle, seconds) in checks:
         view = strata.query(f"SELECT * FROM {kind}_{suffix}")
         expected = strata.query(oracle.format(raw=raw, window=_window(seconds)))
         assert _normalise(view) == _normalise(expected), kind
+        compared[kind] = len(expected)
+    # The example proved something: rows to compare, and a run that came late.
+    assert compared["per_minute"] > 0 and compared["daily_text"] > 0, compared
+    assert late(arrivals, lambda row: row["t"]) and late_runs(strata, raw) > 0

@@ -7,7 +7,7 @@ import asyncio
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewriter import rewrite
@@ -28,6 +28,7 @@ from server.pgwire.statements import (
     may_hold_strata,
 )
 from server.pgwire.values import insert_records, parameter_text
+from tests.conftest import examples
 
 IMPSNS = rewrite(
     "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
@@ -231,9 +232,12 @@ def test_binary_parameters_become_the_texts_copy_would_carry() -> None:
         parameter_text(b"\0", True, 17, "text", "utf-8")  # bytea
 
 
+@settings(max_examples=examples(100))
 @given(
     st.lists(
-        st.one_of(st.none(), st.text(alphabet=st.characters(exclude_characters="\0"))), max_size=4
+        st.one_of(st.none(), st.text(alphabet=st.characters(exclude_characters="\0"))),
+        min_size=1,
+        max_size=4,
     )
 )
 def test_insert_string_constants_round_trip(values: list[str | None]) -> None:
@@ -242,8 +246,6 @@ def test_insert_string_constants_round_trip(values: list[str | None]) -> None:
             "NULL" if value is None else "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
         )
 
-    if not values:
-        return
     text = f"INSERT INTO impsns VALUES ({', '.join(constant(v) for v in values)})"
     insert = statements(text)[0]
     assert isinstance(insert, Insert) and insert.problem is None

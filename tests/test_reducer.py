@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import psycopg
 
 from rewriter.plan import ParallelAggregatePlan
+from server.workers.loop import Worker
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
+from tests.oracle import SnapshotReader
 
 START = datetime(2024, 6, 1, tzinfo=UTC)
 STREAMS = {
@@ -73,17 +77,67 @@ def _setup(strata: Strata) -> None:
         strata.create(f"CREATE STREAM {name} AS {query}")
 
 
+def _differ(connection: psycopg.Connection) -> list[str]:
+    """Names of views that differ from their oracle, read in the connection's transaction."""
+    wrong = []
+    for name in STREAMS:
+        view = connection.execute(f"SELECT * FROM {name}").fetchall()  # type: ignore[arg-type]
+        oracle = connection.execute(_oracle(name)).fetchall()  # type: ignore[arg-type]
+        if sorted(map(repr, view)) != sorted(map(repr, oracle)):
+            wrong.append(name)
+    return wrong
+
+
 def _consistent(connection: psycopg.Connection) -> list[str]:
     """Names of views that differ from their oracle, both read in one snapshot."""
-    wrong = []
     with connection.transaction():
         connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        for name in STREAMS:
-            view = connection.execute(f"SELECT * FROM {name}").fetchall()
-            oracle = connection.execute(_oracle(name)).fetchall()
-            if sorted(map(repr, view)) != sorted(map(repr, oracle)):
-                wrong.append(name)
-    return wrong
+        return _differ(connection)
+
+
+def strictly(worker: Worker) -> dict[str, int]:
+    """``worker.run_once()``, raising what it would only log: a pass skips a stream whose
+    step failed (the loop must go on), and a test must not."""
+    failures: list[logging.LogRecord] = []
+    me = threading.get_ident()
+
+    class Failures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.thread == me:  # not another thread's worker of the same name
+                failures.append(record)
+
+    handler = Failures(logging.WARNING)
+    worker.log.addHandler(handler)
+    try:
+        done = worker.run_once()
+    finally:
+        worker.log.removeHandler(handler)
+    if failures:
+        first = failures[0]
+        cause = first.exc_info[1] if first.exc_info else None
+        raise AssertionError(f"{worker.name}: {first.getMessage()}") from cause
+    return done
+
+
+class Raising(threading.Thread):
+    """A thread whose exception ``reraise`` raises once it is joined (a thread's exception
+    is otherwise only a warning)."""
+
+    def __init__(self, target: Callable[[], object], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.work = target
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.work()
+        except BaseException as error:  # noqa: BLE001 - re-raised by reraise
+            self.error = error
+
+    def reraise(self) -> None:
+        assert not self.is_alive(), f"the {self.name} thread did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the {self.name} thread failed") from self.error
 
 
 def _partial_rows(strata: Strata, name: str) -> tuple[int, int]:
@@ -137,31 +191,27 @@ def test_views_never_change_while_the_reducer_runs(strata: Strata) -> None:
     rng = random.Random(2)
     reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=0, max_groups=3)
     stop = threading.Event()
-    reads: list[list[str]] = []
     folds: list[dict[str, int]] = []
 
-    def read() -> None:
-        with psycopg.connect(strata.database_url, autocommit=True) as connection:
-            while not stop.is_set():
-                reads.append(_consistent(connection))
+    def check(connection: psycopg.Connection) -> None:
+        assert _differ(connection) == [], "views differ from their oracles"
 
     def reduce() -> None:
         while not stop.is_set():
-            folds.append(reducer.run_once())
+            folds.append(strictly(reducer))
 
-    workers = [threading.Thread(target=read), threading.Thread(target=reduce)]
-    for worker in workers:
-        worker.start()
-    try:
-        for _ in range(10):
-            strata.ingest("ev", _run(rng, 50))
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join()
-    assert len(reads) > 10, "the reader must have looked many times"
+    reducing = Raising(reduce, "reducer")
+    with SnapshotReader(strata.database_url, check, min_snapshots=10):
+        reducing.start()
+        try:
+            for _ in range(10):
+                strata.ingest("ev", _run(rng, 50))
+        finally:
+            stop.set()
+            reducing.join(300)
+    reducing.reraise()
     assert sum(f.get("per_minute", 0) for f in folds) > 0, "the reducer must have folded"
-    assert [r for r in reads if r] == []
+    assert strata.query("SELECT count(*) FROM per_minute")[0][0] > 0
 
 
 def test_null_keys_fold_and_the_fold_moves_whole_windows(strata: Strata) -> None:

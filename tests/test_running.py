@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 from datetime import timedelta
 
 import psycopg
@@ -15,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
-from tests.conftest import Strata
-from tests.oracle import START, cut, ndjson, same
+from tests.conftest import Strata, examples
+from tests.oracle import START, SnapshotReader, canonical, cut, ndjson, same
+from tests.test_order_independence import late, late_runs, with_a_late_run
 
 _names = itertools.count()
 
@@ -41,14 +41,15 @@ QUERIES = {
             st.integers(0, 4000),
             st.integers(-3 * 24 * 60, 60),
         ),
+        min_size=2,
         max_size=40,
-    ),
+    ).filter(lambda rows: len({m for *_, m in rows}) > 1),  # a late run needs two times
     cuts=st.lists(st.integers(1, 7), min_size=1, max_size=8),
     order=st.randoms(use_true_random=False),
     created_after=st.integers(0, 3),
 )
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -66,6 +67,10 @@ def test_running_totals_equal_the_batch_group_by_after_every_run(
         f"CREATE STREAM {raw} (campaign text, user_id integer, price numeric(10,2), "
         "t timestamptz) WITH (event_time = 't')"
     )
+    # Two runs at least (no run holds every row), shuffled, one at least arriving late.
+    chunks = list(cut(rows, [min(size, len(rows) - 1) for size in cuts]))
+    order.shuffle(chunks)
+    chunks = with_a_late_run(chunks, lambda row: row[3])
     runs = [
         ndjson(
             [
@@ -78,11 +83,11 @@ def test_running_totals_equal_the_batch_group_by_after_every_run(
                 for c, u, p, m in chunk
             ]
         )
-        for chunk in cut(rows, cuts)
+        for chunk in chunks
     ]
-    order.shuffle(runs)
     names = {q: f"{q}_{n}" for q in QUERIES}
     reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=3)
+    compared: dict[str, int] = {}
     for step, body in enumerate([None, *runs]):
         if body is not None:
             strata.ingest(raw, body)
@@ -95,11 +100,14 @@ def test_running_totals_equal_the_batch_group_by_after_every_run(
             for query, (items, tail) in QUERIES.items():
                 columns = ", ".join(i.split(" AS ")[-1].strip() for i in items.split(", "))
                 columns = columns.replace("count(*)", "count")
-                same(
+                compared[query] = same(
                     strata,
                     f"SELECT {columns} FROM {names[query]}",
                     f"SELECT {items} FROM {raw} {tail}",
                 )
+    # The example proved something: totals to compare, and a run that came late.
+    assert compared["totals"] > 0 and compared["everything"] == 1, compared
+    assert late(chunks, lambda row: row[3]) and late_runs(strata, raw) > 0
 
 
 def test_running_totals_over_a_projection_and_a_join_and_refusals(module_strata: Strata) -> None:
@@ -202,29 +210,20 @@ def test_a_reader_sees_running_totals_sessions_and_top_n_exact_in_every_snapshot
         "SELECT * FROM tap_busiest": busiest.format(batch_counts),
         "SELECT * FROM tap_leaders": leaders.format(batch_counts),
     }
-    stop = threading.Event()
-    reads: list[bool] = []
 
-    def reader() -> None:
-        with psycopg.connect(strata.database_url, autocommit=True) as connection:
-            while not stop.is_set():
-                with connection.transaction():
-                    connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    ok = all(
-                        sorted(map(repr, connection.execute(view).fetchall()))
-                        == sorted(map(repr, connection.execute(oracle).fetchall()))
-                        for view, oracle in checks.items()
-                    )
-                    raw = connection.execute("SELECT k, t, v FROM taps").fetchall()
-                    got = connection.execute(
-                        "SELECT k, n, s, window_start, window_end FROM tap_sessions"
-                    ).fetchall()
-                received = [(k, int((t - START).total_seconds()), v) for k, t, v in raw]
-                reads.append(ok and sorted(got, key=repr) == sessions(received))
+    def check(connection: psycopg.Connection) -> None:
+        for view, oracle in checks.items():
+            got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
+            want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
+            assert got == want, f"{view}: {got}, its oracle {want}"
+        raw = connection.execute("SELECT k, t, v FROM taps").fetchall()
+        got = connection.execute(
+            "SELECT k, n, s, window_start, window_end FROM tap_sessions"
+        ).fetchall()
+        received = [(k, int((t - START).total_seconds()), v) for k, t, v in raw]
+        assert sorted(got, key=repr) == sessions(received), "tap_sessions"
 
-    checker = threading.Thread(target=reader)
-    checker.start()
-    try:
+    with SnapshotReader(strata.database_url, check, min_snapshots=10):
         posted = []
         for _ in range(30):
             base = rng.choice([0, 0, -3600, 600])
@@ -240,8 +239,10 @@ def test_a_reader_sees_running_totals_sessions_and_top_n_exact_in_every_snapshot
             assert response.status_code == 202, response.text
             posted.append(response.json()["run_id"])
         for run_id in posted:
-            strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
-    finally:
-        stop.set()
-        checker.join()
-    assert reads and all(reads), f"{reads.count(False)} of {len(reads)} snapshots differed"
+            run = strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
+            assert run.status == "committed", run
+    # And once more after the last run: every row is in, and some came hours late.
+    with psycopg.connect(strata.database_url) as connection:
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        check(connection)
+    assert late_runs(strata, "taps") > 0

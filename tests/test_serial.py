@@ -8,7 +8,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -18,7 +18,10 @@ from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
-from tests.conftest import Strata
+from tests.conftest import Strata, examples
+from tests.oracle import SnapshotReader
+from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.test_reducer import Raising, strictly
 
 START = datetime(2024, 6, 1, tzinfo=UTC)
 RAW = "CREATE STREAM {ev} (campaign text, user_id bigint, t timestamptz) WITH (event_time = 't')"
@@ -81,7 +84,7 @@ class Streams:
         self.repairer = Repairer(engine, plans, batch=3)
         self.reducer = Reducer(engine, plans, min_rows=1, max_groups=5)
 
-    def ingest(self, minutes: list[float], rng: random.Random) -> None:
+    def ingest(self, minutes: Sequence[float], rng: random.Random) -> None:
         lines = [
             json.dumps(
                 {
@@ -94,17 +97,21 @@ class Streams:
         ]
         self.strata.ingest(self.names["ev"], "\n".join(lines) + "\n")
 
+    def differ(self, connection: psycopg.Connection) -> list[str]:
+        """Streams whose view differs from its oracle, read in the connection's transaction."""
+        wrong = []
+        for name, oracle in list(self.oracles.items()):  # may grow meanwhile
+            view = connection.execute(f"SELECT * FROM {self.names[name]}").fetchall()  # type: ignore[arg-type]
+            expected = connection.execute(oracle).fetchall()  # type: ignore[arg-type]
+            if sorted(map(repr, view)) != sorted(map(repr, expected)):
+                wrong.append(name)
+        return wrong
+
     def wrong(self, connection: psycopg.Connection) -> list[str]:
         """Streams whose view differs from its oracle, all read in one snapshot."""
-        wrong = []
         with connection.transaction():
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            for name, oracle in list(self.oracles.items()):  # may grow meanwhile
-                view = connection.execute(f"SELECT * FROM {self.names[name]}").fetchall()
-                expected = connection.execute(oracle).fetchall()
-                if sorted(map(repr, view)) != sorted(map(repr, expected)):
-                    wrong.append(name)
-        return wrong
+            return self.differ(connection)
 
     def archive(self, name: str) -> list[tuple]:
         """The archived rows of a serial stream (what a view reads for materialized windows)."""
@@ -222,13 +229,15 @@ def test_described_with_its_archive(strata: Strata) -> None:
 
 
 @settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    st.lists(st.floats(0, 90), min_size=1, max_size=120),
-    st.integers(1, 6),
+    st.lists(st.floats(0, 90), min_size=2, max_size=120).filter(
+        lambda minutes: len(set(minutes)) > 1  # a late run needs two times
+    ),
+    st.integers(2, 6),
     st.lists(st.sampled_from(["materialize", "repair", "reduce", "check"]), max_size=12),
     st.randoms(use_true_random=False),
 )
@@ -239,26 +248,31 @@ def test_exact_whatever_the_order_of_runs_and_workers(
     actions: list[str],
     rng: random.Random,
 ) -> None:
-    """Rows split into runs, shuffled (so much of it arrives late), with the workers run
-    between runs in any order: every view equals its oracle at every check and at the end,
-    and once the workers have caught up, the archives do too."""
+    """Rows split into runs, shuffled (so much of it arrives late: one run at least), with
+    the workers run between runs in any order: every view equals its oracle after every
+    run and worker pass and at the end, and once the workers have caught up, the archives
+    do too."""
     streams = Streams(module_strata, suffix=f"_{next(EXAMPLES)}")
     rng.shuffle(minutes)
-    runs = [minutes[i::splits] for i in range(splits) if minutes[i::splits]]
+    splits = min(splits, len(minutes))
+    runs = with_a_late_run([minutes[i::splits] for i in range(splits)], float)
     with psycopg.connect(module_strata.database_url, autocommit=True) as connection:
         for index, run in enumerate(runs):
             streams.ingest(run, rng)
+            assert streams.wrong(connection) == []
             for action in actions[index :: len(runs)]:
                 if action == "materialize":
-                    streams.materializer.run_once()
+                    strictly(streams.materializer)
                 elif action == "repair":
-                    streams.repairer.run_once()
+                    strictly(streams.repairer)
                 elif action == "reduce":
-                    streams.reducer.run_once()
+                    strictly(streams.reducer)
                 assert streams.wrong(connection) == []
-        assert streams.wrong(connection) == []
         streams.settle()
         assert streams.wrong(connection) == []
+    # The example proved something: counts to compare, and a run that came late.
+    assert module_strata.query(streams.oracles["top_per_5"])
+    assert late(runs, float) and late_runs(module_strata, streams.names["ev"]) > 0
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -272,19 +286,16 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata, seed
     streams.ingest([rng.uniform(0, 60) for _ in range(200)], rng)
     strata.runtime.workers["backfill"].chunk_rows = 150  # type: ignore[attr-defined]
     stop = threading.Event()
-    reads: list[list[str]] = []
     done: dict[str, int] = {"materializer": 0, "repair": 0, "reducer": 0}
 
-    def read() -> None:
-        with psycopg.connect(strata.database_url, autocommit=True) as connection:
-            while not stop.is_set():
-                reads.append(streams.wrong(connection))
+    def check(connection: psycopg.Connection) -> None:
+        assert streams.differ(connection) == [], "views differ from their oracles"
 
     def work() -> None:
         timing = random.Random(seed)
         while not stop.is_set():
             worker = timing.choice([streams.materializer, streams.repairer, streams.reducer])
-            done[worker.name] += sum(worker.run_once().values())
+            done[worker.name] += sum(strictly(worker).values())
             time.sleep(timing.uniform(0, 0.05))
 
     def backfill() -> None:
@@ -298,42 +309,35 @@ def test_views_exact_at_every_instant_while_all_workers_run(strata: Strata, seed
             f"SELECT campaign, count(*), {_minute('t', 120)} AS w FROM ev GROUP BY campaign, w"
         )
 
-    threads = [threading.Thread(target=f) for f in (read, work, backfill)]
-    for thread in threads:
-        thread.start()
-    try:
-        for _ in range(12):
-            # Mostly late: anywhere in the hour already seen, a little beyond it.
-            streams.ingest([rng.uniform(0, 70) for _ in range(40)], rng)
-    finally:
-        threads[2].join()
-        stop.set()
-        for thread in threads:
-            thread.join()
-    assert len(reads) > 10, "the reader must have looked many times"
+    working, backfilling = Raising(work, "worker"), Raising(backfill, "back-fill")
+    with SnapshotReader(strata.database_url, check, min_snapshots=10):
+        working.start()
+        backfilling.start()
+        try:
+            for _ in range(12):
+                # Mostly late: anywhere in the hour already seen, a little beyond it.
+                streams.ingest([rng.uniform(0, 70) for _ in range(40)], rng)
+        finally:
+            backfilling.join(300)
+            stop.set()
+            working.join(300)
+    backfilling.reraise()
+    working.reraise()
     assert done["materializer"] > 0 and done["repair"] > 0 and done["reducer"] > 0, done
-    assert [r for r in reads if r] == []
     assert "per_2" in streams.oracles
     with psycopg.connect(strata.database_url, autocommit=True) as connection:
         assert streams.wrong(connection) == []
     streams.settle()
+    assert late_runs(strata, "ev") > 0
 
 
 def _interrupt(strata: Strata, work: Callable[[], object], table: str, statement: str) -> None:
     """Run ``work`` in a thread and kill its PostgreSQL backend while it waits, inside its
     transaction, to run ``statement`` on ``table`` (held locked meanwhile): the worker dies
-    midway, as in a crash."""
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except Exception as err:  # the killed connection
-            failures.append(err)
-
+    midway, as in a crash: of the killed connection, and of nothing else."""
+    thread = Raising(work, "worker")
     with psycopg.connect(strata.database_url) as blocker:
         blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # type: ignore[arg-type]
-        thread = threading.Thread(target=run)
         thread.start()
         for _ in range(200):
             waiting = strata.query(
@@ -346,8 +350,16 @@ def _interrupt(strata: Strata, work: Callable[[], object], table: str, statement
         assert waiting, "the worker never reached the statement"
         strata.query("SELECT pg_terminate_backend(%s)", waiting[0][0])
         blocker.rollback()
-    thread.join()
-    assert failures, "the worker must have failed"
+    thread.join(300)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert thread.error is not None, "the worker must have failed"
+    chain: list[BaseException] = []
+    error: BaseException | None = thread.error
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    if not any(isinstance(e, psycopg.errors.AdminShutdown) for e in chain):
+        thread.reraise()  # a failure of its own, not the one the test caused
 
 
 def test_materializer_and_repairer_killed_midway_leave_nothing_half_done(strata: Strata) -> None:

@@ -13,8 +13,9 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Strata
+from tests.conftest import Strata, examples
 from tests.oracle import START, at, cut, ndjson
+from tests.test_order_independence import late, late_runs, with_a_late_run
 
 GAP = timedelta(seconds=10)
 _names = itertools.count()
@@ -50,13 +51,14 @@ def _session(key: str | None, rows: list[tuple[int, int]]) -> tuple:
 @given(
     rows=st.lists(
         st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 120), st.integers(0, 9)),
+        min_size=2,
         max_size=40,
-    ),
+    ).filter(lambda rows: len({s for _, s, _ in rows}) > 1),  # a late run needs two times
     cuts=st.lists(st.integers(1, 6), min_size=1, max_size=8),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -75,8 +77,10 @@ def test_sessions_equal_the_batch_sessions_after_every_run(
         f"window_end FROM SESSION({raw}, t, INTERVAL '10 seconds') GROUP BY k, window_start"
     )
     assert described["parallelism"] == "on read"
-    runs = list(cut(rows, cuts))
+    # Two runs at least (no run holds every row), shuffled, one at least arriving late.
+    runs = list(cut(rows, [min(size, len(rows) - 1) for size in cuts]))
     order.shuffle(runs)
+    runs = with_a_late_run(runs, lambda row: row[1])
     received: list[tuple[str | None, int, int]] = []
     for chunk in runs:
         body = ndjson([{"k": k, "v": v, "t": at(s)} for k, s, v in chunk])
@@ -87,6 +91,8 @@ def test_sessions_equal_the_batch_sessions_after_every_run(
                 f"SELECT k, n, s, window_start, window_end FROM {view}"
             ).fetchall()
         assert sorted(got, key=repr) == sessions(received)
+    # The example proved something: sessions to compare, and a run that came late.
+    assert received and late(runs, lambda row: row[1]) and late_runs(strata, raw) > 0
 
 
 def test_session_refusals_and_a_filter(module_strata: Strata) -> None:
