@@ -553,7 +553,7 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         .where(catalog.alters.c.stream == name)
         .values(state=DONE, swapped_at=sa.func.now())
     )
-    faults.reach("alter_swap", [name])
+    faults.reach("alter_swap", [name], members=[m.name for m in alteration.members])
 
 
 # How long the swap waits for each of its relations: a reader holds its locks until its

@@ -1,20 +1,27 @@
-"""Fault injection for crash tests: kill a process at a named phase of a run.
+"""Fault injection for crash tests: kill a process at a named point of Strata's work.
 
 A test hook, not a setting. tests/test_crash.py starts `strata up` with, for example,
 
-    STRATA_FAULT=in_pg_write:server:run-7,after_commit:postgres:run-9
+    STRATA_FAULT=in_pg_write:server:run-7,after_commit:postgres:run-9,reduce_fold:spark:per_min@2
 
-Each entry ``phase:target:run_id`` fires once, when a batch holding run ``run_id``
-reaches ``phase`` in the worker (server/service.py):
+Each entry ``phase:target:key[@n]`` fires once, the ``n``-th time (default: the first) that
+work holding ``key`` reaches ``phase``. The points of a run, where ``key`` is a run id in the
+batch (server/ingest/pipeline.py):
 
 - ``after_spool``: the run is spooled and pending; Spark has not started on it;
 - ``in_spark``: right before the Spark job over the batch;
 - ``in_pg_write``: inside the commit transaction, after the COPYs, before COMMIT;
 - ``after_commit``: the run is committed; a client waiting for it is not yet told.
 
-and one phase of ALTER STREAM (server/alter.py), for which ``run_id`` is the stream's name:
+The points of the background workers, where ``key`` is the stream's name, each inside the
+step's transaction with its work written and not yet committed:
 
-- ``alter_swap``: inside the swap's transaction, everything renamed, before COMMIT.
+- ``reduce_fold``: the reducer has folded partial rows (server/workers/reducer.py);
+- ``materialize``: serial windows are written to the archive (server/workers/serial.py);
+- ``repair``: corrected serial windows are recomputed (server/workers/serial.py);
+- ``backfill_chunk``: a back-fill chunk's partial rows are copied in, for a new stream or
+  an ALTER's ``__next`` stream (server/workers/backfill.py);
+- ``alter_swap``: inside the ALTER's swap, everything renamed (server/alter.py).
 
 ``target`` is what is killed or signalled:
 
@@ -27,20 +34,31 @@ and one phase of ALTER STREAM (server/alter.py), for which ``run_id`` is the str
 - ``sigterm``: SIGTERM to every process of Strata - the process group, the JVM, and the
   embedded PostgreSQL's postmaster and backends - as `systemctl stop` sends it.
 
-Before striking, the hook holds the batch for a second, so that runs posted meanwhile are
+A crash test must be able to show that its fault fired where it says, and that work was in
+flight then. So, before striking, the hook appends one JSON line to the file
+STRATA_FAULT_LOG names (written and fsynced first: the strike may kill this process):
+the phase, target and key, how many times the point had been reached, the pids it is about
+to signal, and ``in_flight``, what the point's caller holds uncommitted (the batch's run
+ids, the windows of a repair, the runs of a back-fill chunk, the rows of a fold). A target
+with no process to signal (PostgreSQL not embedded) is logged with no pids, for the test
+to fail on, and the work goes on.
+
+Before striking, the hook holds the work for a second, so that runs posted meanwhile are
 acknowledged and pending when it strikes; not at ``after_commit``, where a waiting client
-would otherwise hear of the commit first. After a signal (not a kill) the batch goes on,
+would otherwise hear of the commit first. After a signal (not a kill) the work goes on,
 and meets the stop wherever it is. Without STRATA_FAULT, ``reach`` does nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -48,33 +66,39 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit", "alter_swap")
+RUN_PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit")
+WORKER_PHASES = ("reduce_fold", "materialize", "repair", "backfill_chunk", "alter_swap")
+PHASES = RUN_PHASES + WORKER_PHASES
 TARGETS = ("server", "postgres", "spark", "sigint", "sigterm")
 HOLD_SECONDS = 1.0
+LOG_ENV = "STRATA_FAULT_LOG"
 
 
 @dataclass(frozen=True)
 class Fault:
     phase: str
     target: str
-    run_id: str
+    key: str
+    nth: int = 1
 
 
 def parse(spec: str) -> list[Fault]:
     faults = []
     for entry in filter(None, (e.strip() for e in spec.split(","))):
-        phase, target, run_id = (entry.split(":", 2) + ["", ""])[:3]
-        if phase not in PHASES or target not in TARGETS or not run_id:
+        phase, target, key = (entry.split(":", 2) + ["", ""])[:3]
+        key, _, nth = key.rpartition("@") if "@" in key else (key, "", "1")
+        if phase not in PHASES or target not in TARGETS or not key or not nth.isdigit():
             raise ValueError(
-                f"STRATA_FAULT entry {entry!r}: expected phase:target:run_id with phase in "
+                f"STRATA_FAULT entry {entry!r}: expected phase:target:key[@n] with phase in "
                 f"{PHASES} and target in {TARGETS}"
             )
-        faults.append(Fault(phase, target, run_id))
+        faults.append(Fault(phase, target, key, int(nth)))
     return faults
 
 
 _armed = parse(os.environ.get("STRATA_FAULT", ""))
 _lock = threading.Lock()
+_reached: Counter[tuple[str, str]] = Counter()
 # The current pid of each target process (they change when Strata restarts one).
 _pids: dict[str, Callable[[], int | None]] = {}
 
@@ -83,17 +107,28 @@ def register(target: str, pid: Callable[[], int | None]) -> None:
     _pids[target] = pid
 
 
-def reach(phase: str, run_ids: Iterable[str]) -> None:
-    """Called by the worker at ``phase`` for a batch of runs: strike if a fault says so."""
+def reach(phase: str, keys: Iterable[str], **in_flight: object) -> None:
+    """Called at ``phase`` by work holding ``keys`` (run ids, or a stream's name), with
+    what it holds uncommitted as ``in_flight``: strike if a fault says so."""
     if not _armed:
         return
-    ids = set(run_ids)
+    ids = set(keys)
     with _lock:
-        fault = next((f for f in _armed if f.phase == phase and f.run_id in ids), None)
+        for key in ids:
+            _reached[phase, key] += 1
+        fault = next(
+            (
+                f
+                for f in _armed
+                if f.phase == phase and f.key in ids and _reached[phase, f.key] == f.nth
+            ),
+            None,
+        )
         if fault is None:
             return
         _armed.remove(fault)
-    log.warning("fault injection: %s at %s of run %s", fault.target, phase, fault.run_id)
+    victims = _victims(fault.target)
+    _record(fault, sorted(ids), victims, in_flight)
     if phase != "after_commit":
         time.sleep(HOLD_SECONDS)
     if fault.target == "server":
@@ -105,12 +140,45 @@ def reach(phase: str, run_ids: Iterable[str]) -> None:
         os.killpg(os.getpgrp(), signal.SIGTERM)
         for target in ("spark", "postgres"):
             signal_tree(_pid(target) or 0, signal.SIGTERM)
+    elif victims:
+        kill_tree(victims[0])
+
+
+def _victims(target: str) -> list[int]:
+    """The pids a strike at ``target`` signals first (their descendants go with them)."""
+    if target in ("postgres", "spark"):
+        pid = _pid(target)
+        return [pid] if pid else []
+    own = [os.getpgrp()]
+    if target == "server":
+        return [pid for pid in [_pid("spark")] if pid] + own
+    if target == "sigterm":
+        return own + [pid for pid in (_pid("spark"), _pid("postgres")) if pid]
+    return own
+
+
+def _record(fault: Fault, keys: list[str], victims: list[int], in_flight: dict) -> None:
+    entry = {
+        "phase": fault.phase,
+        "target": fault.target,
+        "key": fault.key,
+        "reached": fault.nth,
+        "keys": keys,
+        "pids": victims,
+        "in_flight": in_flight,
+        "at": time.time(),
+    }
+    if victims:
+        log.warning("fault injection: %s at %s of %s", fault.target, fault.phase, fault.key)
     else:
-        pid = _pid(fault.target)
-        if pid is None:  # e.g. PostgreSQL is not embedded
-            log.warning("fault injection: no %s process to kill", fault.target)
-            return
-        kill_tree(pid)
+        log.error("fault injection: no %s process to signal at %s", fault.target, fault.phase)
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(entry, default=str) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def _pid(target: str) -> int | None:

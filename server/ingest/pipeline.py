@@ -332,7 +332,7 @@ class IngestPipeline:
         runs = [r for r in runs if r not in lost]
         if not runs:
             return
-        faults.reach("after_spool", [r.run_id for r in runs])
+        faults.reach("after_spool", [r.run_id for r in runs], rows=sum(r.rows for r in runs))
         try:
             batch = self._prepare(stream, runs)
         except PySparkException as err:
@@ -352,7 +352,7 @@ class IngestPipeline:
         started = time.perf_counter()
         dependents = catalog.dependents(self.streams(), stream)
         probes = self._probe(stream, dependents, data)
-        faults.reach("in_spark", [r.run_id for r in runs])
+        faults.reach("in_spark", [r.run_id for r in runs], rows=data.num_rows)
         partials = self.backend.partials(
             data, dependents, source=stream, files=paths, probes=probes
         )
@@ -462,7 +462,7 @@ class IngestPipeline:
             break
         else:
             raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
-        faults.reach("after_commit", [r.run_id for r in batch.runs])
+        faults.reach("after_commit", [r.run_id for r in batch.runs], rows=batch.data.num_rows)
         for run in batch.runs:
             if run.spool_path:
                 self.spool.remove(run.spool_path)
@@ -522,5 +522,5 @@ class IngestPipeline:
             late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
             joined = {j.name: batch.partials.get(j.name) for j in joins}
             record_corrections(connection, records, raw, batch.data, joined)
-            faults.reach("in_pg_write", [r.run_id for r in runs])
+            faults.reach("in_pg_write", [r.run_id for r in runs], rows=batch.data.num_rows)
             return late_rows

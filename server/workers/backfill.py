@@ -30,7 +30,7 @@ from rewriter.naming import (
     raw_archive_table,
 )
 from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, RawStreamPlan, StreamPlan
-from server import catalog
+from server import catalog, faults
 from server.catalog import PlanCache
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in, copy_out
@@ -147,6 +147,7 @@ class Backfiller(Worker):
             chain = catalog.lineage(records, plan)
             partial = self._partials(history, chain, source, view)[plan.name]
             copy_in(cursor, partial_archive_table(plan.name), partial)
+            faults.reach("backfill_chunk", [plan.name], runs=chunk, rows=history.num_rows)
             if isinstance(rows_of, RawStreamPlan) and history.num_rows:
                 # The history's rows per window, for strata_window_status (a stream through
                 # a join places rows by the join's rows: not counted).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from server import faults
 from server.catalog import PlanCache
 from server.metrics import Metrics
 from server.settings import DEFAULTS
@@ -62,4 +63,7 @@ class Reducer(Worker):
             driver = connection.connection.driver_connection
             assert driver is not None
             params = {"min_rows": self.min_rows, "max_groups": self.batch}
-            return int(driver.execute(plan.reduce_statement, params).rowcount)
+            folded = int(driver.execute(plan.reduce_statement, params).rowcount)
+            if folded:
+                faults.reach("reduce_fold", [plan.name], rows=folded)
+            return folded

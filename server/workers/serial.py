@@ -38,7 +38,7 @@ from rewriter.plan import (
     SerialAggregatePlan,
     StreamPlan,
 )
-from server import catalog
+from server import catalog, faults
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage, row_source
 from server.ingest.progress import micros, moment
 from server.metrics import Metrics
@@ -245,6 +245,7 @@ class Materializer(_SerialWorker):
             reached = moment(micros(windows[-1]) + plan.window_size_us) if full else closed
             if windows:  # every window in [start, reached) with source rows: by range
                 _recompute(driver, plan, [], start=start, end=reached.isoformat())
+                faults.reach("materialize", [plan.name], windows=len(windows), until=reached)
             connection.execute(
                 sa.update(progress)
                 .where(progress.c.stream == plan.name)
@@ -325,6 +326,7 @@ class Repairer(_SerialWorker):
                     corrections.c.stream == plan.name, corrections.c.window_start.in_(windows)
                 )
             )
+            faults.reach("repair", [plan.name], windows=windows)
             return len(windows)
 
 
