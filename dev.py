@@ -4,6 +4,7 @@
     python3 dev.py up [strata up options]   # install into .venv, start the server
     python3 dev.py test [pytest options]    # install into .venv, lint, type-check, test
     python3 dev.py test --cluster           # lint, type-check, only the Spark cluster tests
+    python3 dev.py test --slow              # everything: slow tests, nightly property runs
     python3 dev.py bench [bench/run.py options]  # install into .venv, run the benchmarks
 
 Everything goes into ./.venv (re-installed when pyproject.toml changes): the Python
@@ -57,8 +58,15 @@ def main() -> int:
         _run(PYTHON, "-m", "ruff", "check", "rewriter", "server", "tests", "bench", "dev.py")
         _run(PYTHON, "-m", "mypy")
         # Tests marked `cluster` start a Spark standalone cluster (under two minutes):
-        # part of the default run; --cluster runs them alone.
-        args = ["-m", "cluster"] if rest == ["--cluster"] else rest or ["-m", "not slow"]
+        # part of the default run; --cluster runs them alone. --slow runs everything,
+        # the tests marked slow too, with ten times the property tests' examples, drawn
+        # afresh (the nightly hypothesis profile; CI's is derandomized).
+        modes = {
+            "--cluster": ["-m", "cluster"],
+            "--slow": ["--hypothesis-profile", "nightly"],
+        }
+        args = modes[rest[0]] + rest[1:] if rest[:1] and rest[0] in modes else rest
+        args = args or ["-m", "not slow"]
         return subprocess.run([str(PYTHON), "-m", "pytest", *args], cwd=ROOT).returncode
     if command == "bench":
         ensure_environment("dev")
