@@ -7,6 +7,7 @@ together carry the same committed_at (PostgreSQL's now() is the transaction's st
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from server.ingest.pipeline import IngestPipeline
 from tests.conftest import Strata, strata_client
+from tests.test_e2e import wait_until
 
 LINGER = 60.0
 RAW = "CREATE STREAM clicks (page text, n bigint, t timestamptz) WITH (event_time = 't')"
@@ -46,6 +49,24 @@ def _committed_at(strata: Strata, run_id: str) -> object:
     return rows[0][1] if rows[0][0] == "committed" else None
 
 
+def _lingering(pipeline: IngestPipeline) -> bool:
+    """Whether the pipeline's compute stage, having taken a run, waits for the runs being
+    received (its thread is in _linger: seen on the thread's stack)."""
+    frames = sys._current_frames()
+    for thread in pipeline._threads:
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        while frame is not None:
+            if frame.f_code.co_name == "_linger":
+                return True
+            frame = frame.f_back
+    return False
+
+
+def _accepted(response, run_id: str) -> None:  # type: ignore[no-untyped-def]
+    assert response.status_code == 202, response.text
+    assert response.json()["run_id"] == run_id and response.json()["status"] == "pending"
+
+
 def _wait_committed(strata: Strata, run_ids: list[str], timeout: float = 120) -> list[object]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,11 +81,15 @@ def test_a_run_received_meanwhile_joins_the_batch(lingering: Strata) -> None:
     pipeline = lingering.service.pipeline
     with pipeline.receiving():  # another client's run, still being parsed
         first = lingering.post_run("clicks", _body("a", 100), csv=True, run_id="a", wait=False)
-        assert first.status_code == 202, first.text
-        time.sleep(1.0)  # the compute stage has taken run a, and waits
+        _accepted(first, "a")
+        wait_until(
+            lambda: _lingering(pipeline),
+            "the compute stage to take run a and wait for the run being received",
+            timeout=60,
+        )
         assert _committed_at(lingering, "a") is None
         second = lingering.post_run("clicks", _body("b", 50), csv=True, run_id="b", wait=False)
-        assert second.status_code == 202, second.text
+        _accepted(second, "b")
     stamps = _wait_committed(lingering, ["a", "b"])
     assert stamps[0] == stamps[1]  # one transaction
     assert lingering.query(
@@ -73,25 +98,33 @@ def test_a_run_received_meanwhile_joins_the_batch(lingering: Strata) -> None:
         ("a", 100, sum(range(100))),
         ("b", 50, sum(range(50))),
     ]
+    assert lingering.query("SELECT count(*) FROM clicks") == [(150,)]
 
 
 def test_a_run_alone_does_not_wait(lingering: Strata) -> None:
     started = time.monotonic()
-    lingering.ingest("clicks", _body("a", 10), csv=True, run_id="alone")
+    answer = lingering.ingest("clicks", _body("a", 10), csv=True, run_id="alone")
     assert time.monotonic() - started < LINGER / 2
+    assert answer == {"run_id": "alone", "status": "committed", "rows": 10}
     assert lingering.query("SELECT sum(c) FROM clicks_1m") == [(10,)]
 
 
 def test_a_lingering_batch_stops_with_strata(lingering: Strata) -> None:
     pipeline = lingering.service.pipeline
     with pipeline.receiving():
-        lingering.post_run("clicks", _body("a", 10), csv=True, run_id="late", wait=False)
-        time.sleep(0.5)
+        late = lingering.post_run("clicks", _body("a", 10), csv=True, run_id="late", wait=False)
+        _accepted(late, "late")
+        wait_until(
+            lambda: _lingering(pipeline),
+            "the compute stage to take run late and wait for the run being received",
+            timeout=60,
+        )
         started = time.monotonic()
         lingering.runtime.stop()
         assert time.monotonic() - started < LINGER / 2
-    # Whether its batch was computed before the stop or not, the run is never half done.
-    assert lingering.query("SELECT status FROM strata_catalog.runs WHERE run_id = 'late'") in (
-        [("pending",)],
-        [("committed",)],
-    )
+    # The stop came while its batch waited: the run stays pending for the next start, and
+    # nothing of it is archived.
+    assert lingering.query("SELECT status FROM strata_catalog.runs WHERE run_id = 'late'") == [
+        ("pending",)
+    ]
+    assert lingering.query("SELECT count(*) FROM clicks") == [(0,)]

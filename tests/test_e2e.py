@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -33,6 +33,16 @@ COUNT = (
     "CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, window_end AS t "
     "FROM TUMBLE(impsns, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
 )
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 180.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` was awaited if it does not
+    within ``timeout`` seconds. Tests wait for what they can observe, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
 
 
 class Server:
@@ -148,9 +158,12 @@ def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
     assert response.json() == {"run_id": "first", "status": "committed", "rows": 4}
     late = "campaign,user_id,price,t\na,9,2.5,2024-01-01T00:00:30Z\n"
     response = client.post(
-        "/streams/impsns/runs?wait=true", content=late, headers={"content-type": "text/csv"}
+        "/streams/impsns/runs?wait=true&run_id=late",
+        content=late,
+        headers={"content-type": "text/csv"},
     )
     assert response.status_code == 200
+    assert response.json() == {"run_id": "late", "status": "committed", "rows": 1}
 
     # psql, the client users have, accepts the URL and sees the views by their names.
     psql = subprocess.run(
@@ -169,10 +182,11 @@ def test_a_newcomer_session(server: Server, tmp_path: Path) -> None:
 
     # A stream over the history back-fills; `strata backfill-status` shows it.
     assert client.post("/streams", json={"sql": LATE_COUNT}).status_code == 201
-    for _ in range(100):
-        if client.get("/streams/late_count").json()["progress"]["backfill"]["state"] == "done":
-            break
-        time.sleep(0.2)
+    wait_until(
+        lambda: client.get("/streams/late_count").json()["progress"]["backfill"]["state"] == "done",
+        "the back-fill of late_count to be done",
+        timeout=60,
+    )
     status = subprocess.run(
         [sys.executable, "-m", "server.cli", "backfill-status", "--data-dir", str(server.data_dir)],
         capture_output=True,
