@@ -18,7 +18,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from server.catalog import sqlalchemy_url
 from server.engines.embedded_pg import POSTGRES_BIN_PATH
 from server.security import READER_ROLE, configure_reader
 from tests.conftest import Strata
+from tests.test_e2e import wait_until
 
 PSQL = POSTGRES_BIN_PATH / "psql"
 PGBENCH = POSTGRES_BIN_PATH / "pgbench"
@@ -101,6 +101,24 @@ def streams(module_strata: Strata, names: tuple[str, str]) -> tuple[str, str]:
 
 def archived(strata: Strata, raw: str) -> int:
     return int(strata.query(f"SELECT count(*) FROM {raw}")[0][0])
+
+
+def running_query(strata: Strata, marker: str) -> int | None:
+    """The pid of the PostgreSQL backend running a query whose text has ``marker``, if any
+    (asked of PostgreSQL directly, not through the port)."""
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        found = connection.execute(
+            "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+            "AND pid <> pg_backend_pid() AND strpos(query, %s) > 0",
+            (marker,),
+        ).fetchone()
+    return None if found is None else int(found[0])
+
+
+def backend_gone(strata: Strata, pid: int) -> bool:
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        found = connection.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return found.fetchone() is None
 
 
 def runs_of(strata: Strata, raw: str) -> int:
@@ -441,6 +459,12 @@ def test_pgbench_select_only_through_the_port(module_strata: Strata) -> None:
 def _startup(port: int, url: str) -> socket.socket:
     """A raw connection through the startup, as the user of ``url`` (a psql_url), with its
     password if the server asks for one (SCRAM-SHA-256, as the embedded PostgreSQL does)."""
+    return _startup_with_pid(port, url)[0]
+
+
+def _startup_with_pid(port: int, url: str) -> tuple[socket.socket, int]:
+    """_startup's connection, and the pid of the PostgreSQL backend behind it (from the
+    BackendKeyData, which the port relays as PostgreSQL sent it)."""
     parts = urlsplit(url)
     connection = socket.create_connection(("127.0.0.1", port), timeout=30)
     parameters = f"user\0{parts.username}\0database\0{parts.path.lstrip('/')}\0\0".encode()
@@ -448,8 +472,9 @@ def _startup(port: int, url: str) -> socket.socket:
     (kind, body), *_ = _read_until(connection, b"R")
     if struct.unpack("!i", body[:4])[0] == 10:  # AuthenticationSASL
         _scram(connection, unquote(parts.password or ""))
-    _read_until(connection, b"Z")
-    return connection
+    ready = _read_until(connection, b"Z")
+    pid = next(struct.unpack("!i", body[:4])[0] for kind, body in ready if kind == b"K")
+    return connection, pid
 
 
 def _scram(connection: socket.socket, password: str) -> None:
@@ -502,12 +527,18 @@ def test_a_client_leaving_mid_copy_leaves_nothing(
     raw, _ = streams
     port = module_strata.runtime.sql_port.port
     assert port is not None
-    connection = _startup(port, module_strata.psql_url)
+    connection, backend = _startup_with_pid(port, module_strata.psql_url)
     connection.sendall(_message(b"Q", f"COPY {raw} FROM STDIN (FORMAT csv, HEADER)\0".encode()))
     assert _read_until(connection, b"G")[-1][0] == b"G"
     connection.sendall(_message(b"d", ROWS_CSV.encode()))
     connection.close()  # no CopyDone
-    time.sleep(1)
+    # The port has ended that session (its PostgreSQL connection closed) and no run is on
+    # its way into the pipeline: whatever it would have done with the data, it has done.
+    wait_until(
+        lambda: backend_gone(module_strata, backend) and module_strata.service.pipeline.idle,
+        "the port to end the session of the client that left mid-COPY",
+        timeout=60,
+    )
     assert archived(module_strata, raw) == 0 and runs_of(module_strata, raw) == 0
     # CopyFail: the client gives up; PostgreSQL's error and nothing archived.
     connection = _startup(port, module_strata.psql_url)
@@ -557,24 +588,51 @@ def test_malformed_messages_close_that_connection_only(module_strata: Strata) ->
 
 
 def test_cancel_requests_reach_postgresql(module_strata: Strata) -> None:
-    # psql sends a CancelRequest on Ctrl-C (SIGINT).
+    # psql sends a CancelRequest on Ctrl-C (SIGINT): sent once PostgreSQL runs the query.
+    marker = f"cancel_{uuid.uuid4().hex[:12]}"
     sleeper = subprocess.Popen(
-        [str(PSQL), module_strata.psql_url, "-X", "-c", "SELECT pg_sleep(60)"],
+        [str(PSQL), module_strata.psql_url, "-X", "-c", f"SELECT pg_sleep(60) AS {marker}"],
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2)
-    sleeper.send_signal(signal.SIGINT)
-    _, stderr = sleeper.communicate(timeout=30)
+    try:
+        wait_until(
+            lambda: running_query(module_strata, marker) or sleeper.poll() is not None,
+            "PostgreSQL to run psql's query",
+            timeout=60,
+        )
+        assert sleeper.poll() is None, sleeper.communicate()[1]
+        sleeper.send_signal(signal.SIGINT)
+        _, stderr = sleeper.communicate(timeout=30)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.communicate()
     assert "canceling statement due to user request" in stderr
+    assert running_query(module_strata, marker) is None
     # psycopg's cancel (libpq's cancel connection; cancel_safe does not hold the GIL, which
-    # the port's thread in this process needs).
-    with psycopg.connect(module_strata.psql_url, autocommit=True) as connection:
-        timer = threading.Timer(0.5, connection.cancel_safe)
-        timer.start()
+    # the port's thread in this process needs), sent once PostgreSQL runs the query.
+    marker = f"cancel_{uuid.uuid4().hex[:12]}"
+    with (
+        psycopg.connect(module_strata.psql_url, autocommit=True) as connection,
+        ThreadPoolExecutor(1) as pool,
+    ):
+
+        def cancel_once_running() -> None:
+            wait_until(
+                lambda: running_query(module_strata, marker),
+                "PostgreSQL to run psycopg's query",
+                timeout=20,
+            )
+            connection.cancel_safe()
+
+        canceller = pool.submit(cancel_once_running)
         started = time.monotonic()
         with pytest.raises(pg_errors.QueryCanceled):
-            connection.execute("SELECT pg_sleep(30)")
+            try:
+                connection.execute(f"SELECT pg_sleep(30) AS {marker}")
+            finally:
+                canceller.result()  # its own failure first, if it had one
         assert time.monotonic() - started < 10
         assert connection.execute("SELECT 1").fetchone() == (1,)
 
