@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
@@ -18,7 +19,9 @@ from psycopg import sql
 
 from rewriter.naming import CATALOG_SCHEMA, INTERNAL_SCHEMA, RUN_COLUMN, raw_archive_table
 from server.faults import LOG_ENV, RUN_PHASES
-from tests.test_e2e import Server
+
+if TYPE_CHECKING:  # tests/test_e2e.py uses these helpers too
+    from tests.test_e2e import Server
 
 NDJSON = {"content-type": "application/x-ndjson"}
 

@@ -17,6 +17,15 @@ import httpx
 import psycopg
 import pytest
 
+from tests.crash import (
+    Ledger,
+    arm,
+    assert_pending_when_struck,
+    check_ledger,
+    disarm,
+    fired,
+    wait_until_settled,
+)
 from tests.oracle import canonical
 from tests.test_e2e import Server
 
@@ -98,7 +107,6 @@ ORACLES = {
         "ON l.k = r.k GROUP BY l.k) c"
     ),
 }
-NDJSON = {"content-type": "application/x-ndjson"}
 
 
 def _body(rng: random.Random, column: str) -> str:
@@ -113,18 +121,29 @@ def _body(rng: random.Random, column: str) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def _post(url: str, stream: str, run_id: str, body: str, *, wait: bool) -> bool:
-    try:
-        response = httpx.post(
-            f"{url}/streams/{stream}/runs",
-            params={"run_id": run_id, "wait": "true" if wait else "false"},
-            content=body,
-            headers=NDJSON,
-            timeout=120,
-        )
-    except httpx.TransportError:
-        return False  # the server died under the request
-    return response.status_code in (200, 202)
+def _sent(ledger: Ledger, stream: str) -> list[dict]:
+    return [
+        json.loads(line)
+        for run_stream, body in ledger.bodies.values()
+        if run_stream == stream
+        for line in body.splitlines()
+    ]
+
+
+def _joined(ledger: Ledger) -> list[tuple]:
+    """The inner join ls ⋈ rs on k of every row the test sent, computed in Python: an
+    oracle that a run archived twice (or lost) cannot fool, as it fools a batch query over
+    the archives."""
+    by_key: dict[int, list[dict]] = {}
+    for right in _sent(ledger, "rs"):
+        by_key.setdefault(right["k"], []).append(right)
+    return canonical(
+        [
+            (left["k"], left["v"], right["w"], datetime.fromisoformat(right["t"]))
+            for left in _sent(ledger, "ls")
+            for right in by_key.get(left["k"], [])
+        ]
+    )
 
 
 @pytest.mark.parametrize("target", ["server", "postgres", "spark"])
@@ -132,10 +151,10 @@ def test_kill_while_a_join_batch_commits(tmp_path: Path, target: str) -> None:
     rng = random.Random(5)
     trigger = f"join-{target}"
     phase = "in_spark" if target == "spark" else "in_pg_write"
-    server = Server(tmp_path / "data", env={"STRATA_FAULT": f"{phase}:{target}:{trigger}"})
+    server = Server(tmp_path / "data")
+    arm(server, f"{phase}:{target}:{trigger}")
     server.start()
-    bodies: dict[str, tuple[str, str]] = {}
-    acknowledged: set[str] = set()
+    ledger = Ledger()
     try:
         client = httpx.Client(base_url=server.url, timeout=60)
         with psycopg.connect(server.database_url, autocommit=True) as connection:
@@ -145,56 +164,51 @@ def test_kill_while_a_join_batch_commits(tmp_path: Path, target: str) -> None:
             client.post("/streams", json={"sql": statement}).raise_for_status()
         for i in range(8):  # history on both sides
             stream, column = ("ls", "v") if i % 2 else ("rs", "w")
-            bodies[f"before-{i}"] = (stream, _body(rng, column))
-            assert _post(server.url, stream, f"before-{i}", bodies[f"before-{i}"][1], wait=True)
-            acknowledged.add(f"before-{i}")
-        # The trigger, a run of ls, commits while runs of both sides keep arriving.
-        bodies[trigger] = ("ls", _body(rng, "v"))
-        outcome: list[bool] = []
-        waiting = threading.Thread(
-            target=lambda: outcome.append(
-                _post(server.url, "ls", trigger, bodies[trigger][1], wait=True)
+            assert ledger.post(
+                server.url, f"before-{i}", _body(rng, column), wait=True, stream=stream
             )
+        # The trigger, a run of ls, commits while runs of both sides keep arriving.
+        waiting = threading.Thread(
+            target=ledger.post,
+            args=(server.url, trigger, _body(rng, "v")),
+            kwargs={"wait": True, "stream": "ls"},
         )
         waiting.start()
         for i in range(6):
             time.sleep(0.2)
             stream, column = ("rs", "w") if i % 2 == 0 else ("ls", "v")
-            bodies[f"during-{i}"] = (stream, _body(rng, column))
-            if _post(server.url, stream, f"during-{i}", bodies[f"during-{i}"][1], wait=False):
-                acknowledged.add(f"during-{i}")
+            ledger.post(server.url, f"during-{i}", _body(rng, column), wait=False, stream=stream)
         waiting.join()
-        if outcome[0]:
-            acknowledged.add(trigger)
         if target == "server":
             assert server.process is not None
             assert server.process.wait(timeout=60) == -signal.SIGKILL
-            del server.extra_env["STRATA_FAULT"]
+        strike = fired(server, phase, trigger, within=60)
+        assert trigger in strike["keys"]
+        if target == "server":
+            disarm(server)
             server.start()
             client = httpx.Client(base_url=server.url, timeout=60)
         # Every acknowledged run commits without a retry; the others are posted again
         # with their run ids (what the server took commits once).
-        deadline = time.monotonic() + 180
-        statuses: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            statuses = {
-                run_id: (r.json()["status"] if r.status_code == 200 else "unknown")
-                for run_id in bodies
-                for r in [client.get(f"/runs/{run_id}")]
-            }
-            if "pending" not in statuses.values():
-                break
-            time.sleep(0.3)
-        assert {statuses[r] for r in acknowledged} == {"committed"}, statuses
-        for run_id, (stream, body) in bodies.items():
-            assert _post(server.url, stream, run_id, body, wait=True), run_id
+        found = wait_until_settled(client, set(ledger.bodies))
+        assert {found[r] for r in ledger.acknowledged} == {"committed"}, found
+        assert set(found.values()) <= {"committed", "unknown"}, found
+        check_ledger(server.database_url, ledger)
+        for run_id, (stream, body) in sorted(ledger.bodies.items()):
+            assert ledger.post(server.url, run_id, body, wait=True, stream=stream), run_id
+        assert_pending_when_struck(server, strike, trigger)
+        # The set check: every run sent is archived once, whole.
+        totals = check_ledger(server.database_url, ledger)
+        for stream in ("ls", "rs"):
+            assert totals[stream] == len(_sent(ledger, stream)), stream
         with psycopg.connect(server.database_url) as connection:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            joined = canonical(connection.execute("SELECT k, v, w, t FROM lr").fetchall())
             for view, oracle in ORACLES.items():
                 got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
                 want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
                 assert got == want, view
-            rows = connection.execute("SELECT count(*) FROM lr").fetchone()
-        assert rows is not None and rows[0] > 100
+        assert joined == _joined(ledger), "the join differs from the pairs of the rows sent"
+        assert len(joined) > 100
     finally:
         server.close()
