@@ -35,7 +35,7 @@ from tests.test_crash import (
     _settle,
     _strike,
 )
-from tests.test_e2e import Server
+from tests.test_e2e import Server, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -168,12 +168,15 @@ def test_stop_signal_during_backfill_and_reduction(tmp_path: Path, target: str) 
             client.post("/streams/ev/runs", content=_body(rng, 500), headers=NDJSON)
             for _ in range(3)
         ]
-        assert all(r.status_code == 202 for r in acknowledged)
-        deadline = time.monotonic() + 60
-        while (before := client.get("/streams/per_min").json()["progress"]["backfill"])[
-            "rows_done"
-        ] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the back-fill is under way
+        for response in acknowledged:
+            assert response.status_code == 202, response.text
+            assert response.json()["status"] in ("pending", "committed"), response.text
+
+        def backfill() -> dict[str, object]:
+            return client.get("/streams/per_min").json()["progress"]["backfill"]  # type: ignore[no-any-return]
+
+        wait_until(lambda: backfill()["rows_done"], "the back-fill to be under way", timeout=60)
+        before = backfill()
         _signal_from_outside(server, target)
         took = _wait_for_stop(server)
         print(f"{target} with back-fill at {before['rows_done']} of 24000 rows: {took:.1f}s")
@@ -182,16 +185,16 @@ def test_stop_signal_during_backfill_and_reduction(tmp_path: Path, target: str) 
 
         server.start()
         client = httpx.Client(base_url=server.url, timeout=120)
-        deadline = time.monotonic() + 120
-        while client.get("/streams/per_min").json()["progress"]["backfill"]["state"] != "done":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until(
+            lambda: backfill()["state"] == "done", "the back-fill to finish after the restart"
+        )
         for response in acknowledged:
             run_id = response.json()["run_id"]
-            while (status := client.get(f"/runs/{run_id}").json()["status"]) == "pending":
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-            assert status == "committed"
+            wait_until(
+                lambda run_id=run_id: client.get(f"/runs/{run_id}").json()["status"] != "pending",
+                f"run {run_id} to be committed after the restart",
+            )
+            assert client.get(f"/runs/{run_id}").json()["status"] == "committed"
         with psycopg.connect(server.database_url) as connection:
             assert connection.execute("SELECT count(*) FROM ev").fetchone() == (25500,)
         _assert_views_equal_oracles(server.database_url, ["per_min"])
@@ -204,15 +207,21 @@ def test_stop_signal_during_start_up(tmp_path: Path) -> None:
     server = Server(tmp_path / "data")
     try:
         server.start(wait=False)
-        deadline = time.monotonic() + 120
-        while "starting Spark" not in server.log.read_text(errors="replace"):
-            assert server.process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(1.0)  # the JVM is being launched
-        os.killpg(server.process.pid, signal.SIGINT)
+        process = server.process
+        assert process is not None
+        # Spark's JVM launched, the session not yet made.
+        wait_until(
+            lambda: driver_jvm(process.pid) is not None or process.poll() is not None,
+            "strata up to launch Spark's JVM",
+            timeout=120,
+        )
+        assert process.poll() is None, server.log.read_text()[-4000:]
+        os.killpg(process.pid, signal.SIGINT)
         took = _wait_for_stop(server)
         assert took <= BOUND
         _assert_nothing_left(server.data_dir)
+        # The start-up ended there: the server never served.
+        assert "SQL port listening" not in server.log.read_text(errors="replace")
     finally:
         server.close()
 
