@@ -68,7 +68,8 @@ def test_ddl_errors(strata: Strata) -> None:
     duplicate = strata.client.post("/streams", json={"sql": IMPSNS})
     assert duplicate.status_code == 409 and "already exists" in duplicate.json()["error"]
     invalid = strata.client.post("/streams", json={"sql": "CREATE STREAM x AS SELEC"})
-    assert invalid.status_code == 400 and "error" in invalid.json()
+    assert invalid.status_code == 400
+    assert invalid.json()["error"].startswith("line 1, column "), invalid.json()
     unsupported = strata.client.post(
         "/streams",
         json={
@@ -79,9 +80,13 @@ def test_ddl_errors(strata: Strata) -> None:
     )
     assert unsupported.status_code == 400
     assert "supported aggregates" in unsupported.json()["error"]
-    assert strata.client.post("/streams", json={}).status_code == 400
-    assert strata.client.get("/streams/nope").status_code == 404
-    assert strata.client.delete("/streams/nope").status_code == 404
+    empty = strata.client.post("/streams", json={})
+    assert empty.status_code == 400 and "sql" in empty.json()["error"], empty.json()
+    for missing in (strata.client.get("/streams/nope"), strata.client.delete("/streams/nope")):
+        assert missing.status_code == 404
+        assert missing.json() == {"error": "stream 'nope' does not exist"}
+    # None of it left a stream behind.
+    assert [s["name"] for s in strata.client.get("/streams").json()] == ["impsns"]
 
 
 def test_ndjson_and_csv_runs_reach_raw_archive_and_views(strata: Strata) -> None:
@@ -121,6 +126,8 @@ def test_run_without_wait_is_accepted_then_committed(strata: Strata) -> None:
     record = strata.service.wait(strata.service.run("later"), 60)  # type: ignore[arg-type]
     assert record.status == "committed"
     assert archived(strata) == 3
+    status = strata.client.get("/runs/later").json()
+    assert (status["status"], status["rows"], status["error"]) == ("committed", 3, None)
 
 
 def test_same_run_id_counts_once(strata: Strata) -> None:
@@ -137,9 +144,12 @@ def test_concurrent_retries_count_once(strata: Strata) -> None:
     strata.create(IMPSNS)
     strata.create(COUNT)
     results: list[int] = []
+    answers: list[object] = []
 
     def post() -> None:
-        results.append(strata.post_run("impsns", ROWS, run_id="race").status_code)
+        response = strata.post_run("impsns", ROWS, run_id="race")
+        results.append(response.status_code)
+        answers.append(response.json())
 
     threads = [threading.Thread(target=post) for _ in range(8)]
     for thread in threads:
@@ -147,6 +157,7 @@ def test_concurrent_retries_count_once(strata: Strata) -> None:
     for thread in threads:
         thread.join()
     assert results == [200] * 8
+    assert answers == [{"run_id": "race", "status": "committed", "rows": 3}] * 8
     assert archived(strata) == 3
     assert sum(r[1] for r in counts(strata)) == 3
     assert strata.query("SELECT count(*) FROM strata_catalog.runs") == [(1,)]
@@ -156,7 +167,10 @@ def test_run_id_of_another_stream_conflicts(strata: Strata) -> None:
     strata.create(IMPSNS)
     strata.create(IMPSNS.replace("impsns", "clicks"))
     strata.ingest("impsns", ROWS, run_id="x")
-    assert strata.post_run("clicks", ROWS, run_id="x").status_code == 409
+    conflict = strata.post_run("clicks", ROWS, run_id="x")
+    assert conflict.status_code == 409
+    assert conflict.json()["error"] == "run id 'x' already names a run of stream 'impsns'"
+    assert strata.query("SELECT count(*) FROM clicks") == [(0,)] and archived(strata) == 3
 
 
 @pytest.mark.parametrize(
@@ -204,13 +218,19 @@ def test_malformed_runs_are_refused_whole(
 def test_run_errors(strata: Strata) -> None:
     strata.create(IMPSNS)
     strata.create(COUNT)
-    assert strata.post_run("nope", ROWS).status_code == 404
+    unknown = strata.post_run("nope", ROWS)
+    assert unknown.status_code == 404
+    assert unknown.json() == {"error": "stream 'nope' does not exist"}
     derived = strata.post_run("impsn_count", ROWS)
     assert derived.status_code == 400 and "raw source 'impsns'" in derived.json()["error"]
     wrong_type = strata.client.post(
         "/streams/impsns/runs", content=ROWS, headers={"content-type": "application/xml"}
     )
     assert wrong_type.status_code == 415
+    assert "'application/xml' is not supported" in wrong_type.json()["error"]
+    # Refused before anything was recorded.
+    assert archived(strata) == 0
+    assert strata.query("SELECT count(*) FROM strata_catalog.runs") == [(0,)]
 
 
 def test_derived_stream_backfills_history(strata: Strata) -> None:
