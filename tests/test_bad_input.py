@@ -754,8 +754,12 @@ def test_bad_ddl_is_refused_and_leaves_no_trace(lab: Strata, case: Case) -> None
 
 
 def test_bad_run_ids_in_run_status(lab: Strata) -> None:
-    assert lab.client.get("/runs/a%00b").status_code == 400
-    assert lab.client.get("/runs/" + "r" * 300).status_code == 400
+    control = lab.client.get("/runs/a%00b")
+    assert control.status_code == 400
+    assert "U+0000, a control character" in control.json()["error"], control.json()
+    long = lab.client.get("/runs/" + "r" * 300)
+    assert long.status_code == 400
+    assert "too long" in long.json()["error"] and "at most 256" in long.json()["error"]
     missing = lab.client.get("/runs/never-posted")
     assert missing.status_code == 404 and "does not exist" in missing.json()["error"]
 
@@ -930,6 +934,7 @@ def test_group_key_too_long_to_index_is_rejected_whole(lab: Strata) -> None:
     bad = lab.post_run("bad_in", long_key, run_id="long-key", wait=False)
     good = lab.post_run("bad_in", lines(row(campaign='"fine"')), run_id="next-to-long-key")
     assert bad.status_code == 202 and good.status_code == 200
+    assert good.json() == {"run_id": "next-to-long-key", "status": "committed", "rows": 1}
     record = lab.service.wait(lab.service.run("long-key"), 60)  # type: ignore[arg-type]
     assert record.status == "rejected", record
     assert record.error is not None and "group key value is too long" in record.error

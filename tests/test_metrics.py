@@ -132,7 +132,10 @@ def test_metrics_follow_runs_late_rows_workers_and_errors(strata: Strata) -> Non
     # Errors by kind: a malformed body, an unknown stream, a run PostgreSQL refuses.
     bad = strata.post_run("impsns", '{"campaign": "a", "t": "not a time"}\n')
     assert bad.status_code == 400
-    assert client.get("/streams/nope").status_code == 404
+    assert bad.json()["error"].startswith("line 1, column 't': not a timestamp")
+    assert bad.json()["value"] == "not a time"
+    unknown = client.get("/streams/nope")
+    assert unknown.status_code == 404 and "'nope' does not exist" in unknown.json()["error"]
     huge_key = secrets.token_hex(5000)  # too long for a btree index: the run is rejected
     refused = strata.post_run("impsns", row(huge_key, "2024-01-01T00:03:00Z"))
     assert refused.status_code == 422 and refused.json()["status"] == "rejected", refused.text
