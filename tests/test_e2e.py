@@ -269,7 +269,10 @@ def test_kill_9_during_a_copy_then_the_same_copy_counts_once(tmp_path: Path) -> 
     """The server dies inside the commit of a COPY's run (after the spool, before COMMIT):
     the run is whole or absent after the restart, and the same COPY with its RUN_ID
     completes it once."""
-    server = Server(tmp_path / "data", env={"STRATA_FAULT": "in_pg_write:server:copy-1"})
+    from tests.crash import arm, disarm, fired  # tests/crash.py builds on this module
+
+    server = Server(tmp_path / "data")
+    arm(server, "in_pg_write:server:copy-1")
     server.start()
     try:
         psql = [str(POSTGRES_BIN_PATH / "psql"), server.psql_url, "-X", "-v", "ON_ERROR_STOP=1"]
@@ -281,8 +284,10 @@ def test_kill_9_during_a_copy_then_the_same_copy_counts_once(tmp_path: Path) -> 
         copy = f"\\copy impsns FROM '{data}' WITH (FORMAT csv, HEADER, RUN_ID 'copy-1')"
         killed = subprocess.run([*psql, "-c", copy], capture_output=True, text=True, timeout=120)
         assert killed.returncode != 0  # the server died under it: no COPY 500
-        assert server.process is not None and server.process.wait(timeout=60) != 0
-        del server.extra_env["STRATA_FAULT"]
+        assert server.process is not None and server.process.wait(timeout=60) == -signal.SIGKILL
+        strike = fired(server, "in_pg_write", "copy-1")
+        assert strike["in_flight"]["rows"] == 500
+        disarm(server)
         server.start()
         with psycopg.connect(server.database_url) as connection:
             archived = connection.execute("SELECT count(*) FROM impsns").fetchone()
