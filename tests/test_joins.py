@@ -2,16 +2,21 @@
 all rows received, whatever the split into runs, their order and lateness, and at every
 instant (real PostgreSQL, real Spark).
 
-The oracle of each join is its query run by PostgreSQL over the raw views; of a stream
-built on a join, its GROUP BY over that oracle.
+The oracle of a join of two or three streams (kept in an archive of pairs, outer rows
+padded on read with NOT EXISTS) is its query run by PostgreSQL over the raw views; of a
+stream built on a join, its GROUP BY over that oracle. A join computed on read (an outer
+join of three streams, a join with a table) is a view whose text is its own query, so its
+oracle is a Python model over the rows the test sent and the table's contents.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -19,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.workers.serial import Materializer, Repairer
-from tests.conftest import Strata
-from tests.oracle import at, canonical, cut, ndjson, same
+from tests.conftest import Strata, examples
+from tests.oracle import SnapshotReader, at, cut, ndjson, same
 
 _names = itertools.count()
 
@@ -98,20 +103,98 @@ class Nexmark:
             self.strata.ingest(stream, body)
 
 
+Row = dict[str, Any]
+R = TypeVar("R")
+
+
 def two_sided_runs(
     rows: list[tuple[str, int, int]], cuts: list[int], left: str, right: str
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, list[Row]]]:
     """Rows ("l" or "r", key, minute) cut into runs of the sizes ``cuts`` in turn, each run
     posted as one run of ``left`` and one of ``right``; v numbers the rows."""
-    runs: list[tuple[str, str]] = []
+    runs: list[tuple[str, list[Row]]] = []
     for chunk in cut(list(enumerate(rows)), cuts):
         for side, stream in (("l", left), ("r", right)):
             mine = [
                 {"k": k, "v": i, "t": at(minute * 60)} for i, (s, k, minute) in chunk if s == side
             ]
             if mine:
-                runs.append((stream, ndjson(mine)))
+                runs.append((stream, mine))
     return runs
+
+
+@st.composite
+def two_sided_rows(
+    draw: st.DrawFn, keys: int, minutes: int, size: int, within: int
+) -> list[tuple[str, int, int]]:
+    """Rows ("l" or "r", key, minute) of two streams, among them a right row and a left row
+    of one key, the left 1 to ``within`` minutes after the right (a pair of the band joins
+    here, and two distinct times, so that some order of the runs makes one late), at drawn
+    places."""
+    rows = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["l", "r"]), st.integers(0, keys), st.integers(0, minutes)),
+            max_size=size - 2,
+        )
+    )
+    key, minute = draw(st.integers(0, keys)), draw(st.integers(0, minutes - within))
+    after = draw(st.integers(1, within))
+    for row in (("r", key, minute), ("l", key, minute + after)):
+        rows.insert(draw(st.integers(0, len(rows))), row)
+    return rows
+
+
+def another(draw: st.DrawFn, value: int, top: int) -> int:
+    """A number of 0..top other than ``value`` (a time other than a row's)."""
+    other = draw(st.integers(0, top - 1))
+    return other + (other >= value)
+
+
+def when(value: object) -> datetime:
+    """A time as a run carries it (at()'s ISO text), as PostgreSQL reads it."""
+    return datetime.fromisoformat(str(value))
+
+
+def late(runs: Iterable[Collection[Any]]) -> bool:
+    """Whether a run (the event times of its rows; runs in the order sent) arrives after a
+    run holding a later event time."""
+    latest = None
+    for times in runs:
+        if not times:
+            continue
+        if latest is not None and min(times) < latest:
+            return True
+        latest = max(times) if latest is None else max(latest, max(times))
+    return False
+
+
+def with_a_late_run(runs: list[R], times: Callable[[R], Collection[Any]]) -> list[R]:
+    """``runs`` in the order to send them, one of them late: as they are if one is, else with
+    the first run sent last. (If none is late, the first run holds the earliest time and a
+    later one the latest: sent last, the first is late unless every row has one time.)"""
+    if not late(map(times, runs)):
+        runs = [*runs[1:], *runs[:1]]
+    assert late(map(times, runs)), "no run can be late: every row has the same event time"
+    return runs
+
+
+def _normal(value: object) -> object:
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
+
+
+def equals_model(strata: Strata, wants: Mapping[str, Iterable[Sequence[object]]]) -> None:
+    """Each view query returns its model's rows (as multisets), all read in one snapshot."""
+    with psycopg.connect(strata.database_url) as connection:
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for view, want in wants.items():
+            rows = connection.execute(view).fetchall()  # type: ignore[arg-type]
+            got = Counter(tuple(map(_normal, row)) for row in rows)
+            expected = Counter(tuple(map(_normal, row)) for row in want)
+            assert got == expected, (
+                f"{view}: {got.total()} rows, the model {expected.total()}; only in the view "
+                f"{list((got - expected).elements())[:3]}, only in the model "
+                f"{list((expected - got).elements())[:3]}"
+            )
 
 
 @pytest.fixture
@@ -327,42 +410,33 @@ def test_concurrent_runs_on_both_sides_while_a_reader_checks_every_snapshot(
     strata.create("CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k")
     view = "SELECT k, v, w, t FROM lr"
     oracle = "SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k"
-    stop = threading.Event()
-    reads: list[bool] = []
+    sent: dict[str, list[Row]] = {"ls": [], "rs": []}
 
-    def reader() -> None:
-        with psycopg.connect(strata.database_url, autocommit=True) as connection:
-            while not stop.is_set():
-                with connection.transaction():
-                    connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    got = canonical(connection.execute(view).fetchall())
-                    want = canonical(connection.execute(oracle).fetchall())
-                reads.append(got == want)
-
-    def body(column: str) -> str:
+    def body(stream: str, column: str) -> str:
         rows = [
             {"k": rng.randrange(8), column: rng.randrange(100), "t": at(rng.uniform(0, 3600))}
             for _ in range(rng.randrange(1, 6))
         ]
+        sent[stream] += rows
         return ndjson(rows)
 
-    checker = threading.Thread(target=reader)
-    checker.start()
-    try:
+    with SnapshotReader.of(strata.database_url, {view: oracle}, min_snapshots=5):
         posted = []
         for i in range(60):
             stream, column = ("ls", "v") if i % 2 == 0 else ("rs", "w")
-            response = strata.post_run(stream, body(column), wait=False, run_id=f"run-{i}")
+            response = strata.post_run(stream, body(stream, column), wait=False, run_id=f"run-{i}")
             assert response.status_code == 202, response.text
             posted.append(response.json()["run_id"])
         for run_id in posted:
             strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
-    finally:
-        stop.set()
-        checker.join()
-    assert reads and all(reads), f"{reads.count(False)} of {len(reads)} snapshots differed"
-    same(strata, view, oracle)
-    assert strata.query("SELECT count(*) FROM lr")[0][0] > 50
+    pairs = [
+        (x["k"], x["v"], y["w"], when(y["t"]))
+        for x in sent["ls"]
+        for y in sent["rs"]
+        if x["k"] == y["k"]
+    ]
+    equals_model(strata, {view: pairs})
+    assert len(pairs) > 50
 
 
 def test_refusals_name_the_construct(module_strata: Strata) -> None:
@@ -424,16 +498,12 @@ def shared() -> Iterator[None]:
 
 
 @given(
-    rows=st.lists(
-        st.tuples(st.sampled_from(["l", "r"]), st.integers(0, 4), st.integers(0, 240)),
-        min_size=1,
-        max_size=40,
-    ),
+    rows=two_sided_rows(keys=4, minutes=240, size=40, within=60),
     cuts=st.lists(st.integers(1, 6), min_size=1, max_size=12),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -444,7 +514,8 @@ def test_any_split_and_order_gives_the_batch_join(
     order: random.Random,
 ) -> None:
     """Hypothesis: rows of two streams, cut into runs, in any order (minutes or hours
-    apart), with a band join and an aggregate over it: equal to the batch queries."""
+    apart; one run at least late), with a band join and an aggregate over it: equal to the
+    batch queries, the join holding one pair at least."""
     strata = module_strata
     n = next(_names)
     left, right, band, agg = f"hl_{n}", f"hr_{n}", f"hband_{n}", f"hagg_{n}"
@@ -462,13 +533,13 @@ def test_any_split_and_order_gives_the_batch_join(
     )
     runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
-    for stream, body in runs:
-        strata.ingest(stream, body)
+    for stream, run in with_a_late_run(runs, lambda run: [when(r["t"]) for r in run[1]]):
+        strata.ingest(stream, ndjson(run))
     oracle = (
         f"SELECT l.k, l.v, r.v, r.t FROM {left} l JOIN {right} r ON l.k = r.k "
         "AND r.t BETWEEN l.t - INTERVAL '1 hour' AND l.t"
     )
-    same(strata, f"SELECT k, lv, rv, t FROM {band}", oracle)
+    assert same(strata, f"SELECT k, lv, rv, t FROM {band}", oracle) > 0
     same(
         strata,
         f"SELECT k, n, s, window_start FROM {agg}",
@@ -586,17 +657,13 @@ def test_keys_of_different_types_match_as_in_postgresql(module_strata: Strata) -
 
 
 @given(
-    rows=st.lists(
-        st.tuples(st.sampled_from(["l", "r"]), st.integers(0, 3), st.integers(0, 180)),
-        min_size=1,
-        max_size=30,
-    ),
+    rows=two_sided_rows(keys=3, minutes=180, size=30, within=30),
     cuts=st.lists(st.integers(1, 5), min_size=1, max_size=8),
     side=st.sampled_from(["LEFT", "RIGHT", "FULL"]),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -608,8 +675,8 @@ def test_outer_joins_equal_the_batch_join_after_every_run_of_any_split_and_order
     order: random.Random,
 ) -> None:
     """Hypothesis: an outer band join of two streams, runs cut and ordered at random (a
-    match may come hours after the row it un-pads): the view equals the batch outer join
-    after every run."""
+    match may come hours after the row it un-pads; one run at least late, one pair at least
+    matched): the view equals the batch outer join after every run."""
     strata = module_strata
     n = next(_names)
     left, right, joined = f"ol_{n}", f"or_{n}", f"oj_{n}"
@@ -625,9 +692,11 @@ def test_outer_joins_equal_the_batch_join_after_every_run_of_any_split_and_order
     runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
     oracle = f"SELECT l.k, l.v, r.v, l.t, r.t FROM {left} l {side} JOIN {right} r {condition}"
-    for stream, body in runs:
-        strata.ingest(stream, body)
+    for stream, run in with_a_late_run(runs, lambda run: [when(r["t"]) for r in run[1]]):
+        strata.ingest(stream, ndjson(run))
         same(strata, f"SELECT k, lv, rv, lt, rt FROM {joined}", oracle)
+    matched = f"SELECT count(*) FROM {left} l JOIN {right} r {condition}"
+    assert strata.query(matched)[0][0] > 0
 
 
 def test_streams_over_outer_joins_and_gather_points_over_joins_stay_exact(
@@ -747,7 +816,8 @@ def test_outer_joins_of_three_streams_and_joins_of_streams_and_a_table_read_exac
 ) -> None:
     """Joined on read: an outer join of three streams (a late row of any input can complete
     a combination and retract padded rows) and a join of two streams and a table; each
-    equals its batch query after every run, the table changed between runs."""
+    equals a Python model of its join over the rows sent and the table's rows after every
+    run, the table changed between runs."""
     strata = module_strata
     n = next(_names)
     names = [f"x{i}_{n}" for i in range(3)]
@@ -757,6 +827,7 @@ def test_outer_joins_of_three_streams_and_joins_of_streams_and_a_table_read_exac
         )
     a, b, c = names
     dim = f"dim_{n}"
+    groups = {k: f"g{k % 2}" for k in range(5)}  # the table's rows, as the test keeps them
     with psycopg.connect(strata.database_url, autocommit=True) as connection:
         connection.execute(f"CREATE TABLE {dim} (k integer PRIMARY KEY, g text)")
         connection.execute(f"INSERT INTO {dim} SELECT k, 'g' || k % 2 FROM generate_series(0, 4) k")
@@ -771,6 +842,44 @@ def test_outer_joins_of_three_streams_and_joins_of_streams_and_a_table_read_exac
     )
     assert described["parallelism"] == "on read"
     strata.create(f"CREATE STREAM {mixed} AS SELECT a.k, a.v, b.v AS bv, d.g, b.t {with_table}")
+    sent: dict[str, list[Row]] = {name: [] for name in names}
+
+    def chained() -> list[tuple[object, ...]]:
+        """a LEFT JOIN b (same key, b within the hour before a), then FULL JOIN c (c's key
+        that of b, or of a if b is padded, and c.v > 10): a row per match, NULLs for a row
+        of a or of c that nothing matches."""
+        hour = timedelta(hours=1)
+        left: list[tuple[Row, Row | None]] = []
+        for x in sent[a]:
+            ys = [
+                y
+                for y in sent[b]
+                if y["k"] == x["k"] and when(x["t"]) - hour <= when(y["t"]) <= when(x["t"])
+            ]
+            left += [(x, y) for y in ys] or [(x, None)]
+        rows: list[tuple[object, ...]] = []
+        matched: set[int] = set()
+        for x, y in left:
+            key = x["k"] if y is None else y["k"]
+            zs = [(i, z) for i, z in enumerate(sent[c]) if z["k"] == key and z["v"] > 10]
+            matched |= {i for i, _ in zs}
+            bv = None if y is None else y["v"]
+            rows += [(x["k"], x["v"], bv, z["v"], when(x["t"])) for _, z in zs] or [
+                (x["k"], x["v"], bv, None, when(x["t"]))
+            ]
+        rows += [
+            (None, None, None, z["v"], None) for i, z in enumerate(sent[c]) if i not in matched
+        ]
+        return rows
+
+    def joined_with_table() -> list[tuple[object, ...]]:
+        return [
+            (x["k"], x["v"], y["v"], groups[y["k"]], when(y["t"]))
+            for x in sent[a]
+            for y in sent[b]
+            if x["k"] == y["k"] and groups.get(y["k"]) == "g1"
+        ]
+
     rng = random.Random(23)
     runs = []
     for stream in names:
@@ -779,24 +888,31 @@ def test_outer_joins_of_three_streams_and_joins_of_streams_and_a_table_read_exac
                 {"k": rng.randrange(6), "v": rng.randrange(30), "t": at(rng.uniform(0, 7200))}
                 for _ in range(rng.randrange(1, 6))
             ]
-            runs.append((stream, ndjson(rows)))
+            runs.append((stream, rows))
     rng.shuffle(runs)
-    for step, (stream, body) in enumerate(runs):
-        strata.ingest(stream, body)
+    assert late([when(r["t"]) for r in rows] for _, rows in runs)
+    table_pairs = 0
+    for step, (stream, rows) in enumerate(runs):
+        strata.ingest(stream, ndjson(rows))
+        sent[stream] += rows
         if step % 4 == 0:
+            key = rng.randrange(5)
+            groups[key] = "g0" if groups[key] == "g1" else "g1"
             with psycopg.connect(strata.database_url, autocommit=True) as connection:
                 connection.execute(
                     f"UPDATE {dim} SET g = CASE g WHEN 'g1' THEN 'g0' ELSE 'g1' END WHERE k = %s",
-                    (rng.randrange(5),),
+                    (key,),
                 )
-        same(
+        model = chained()
+        equals_model(
             strata,
-            f"SELECT k, av, bv, cv, t FROM {outer}",
-            f"SELECT a.k, a.v, b.v, c.v, a.t {chain}",
+            {
+                f"SELECT k, av, bv, cv, t FROM {outer}": model,
+                f"SELECT k, v, bv, g, t FROM {mixed}": joined_with_table(),
+            },
         )
-        same(
-            strata,
-            f"SELECT k, v, bv, g, t FROM {mixed}",
-            f"SELECT a.k, a.v, b.v, d.g, b.t {with_table}",
-        )
-    assert strata.query(f"SELECT count(*) FROM {outer} WHERE av IS NULL")[0][0] > 0
+        table_pairs += len(joined_with_table())
+    # Rows of c that nothing matches, rows of a padded, and pairs joined with the table.
+    assert any(av is None for _, av, *_ in model)
+    assert any(av is not None and None in (bv, cv) for _, av, bv, cv, _ in model)
+    assert table_pairs > 0

@@ -4,16 +4,19 @@ rows received and the table as it is now - whatever the split into runs, their o
 lateness, whatever rows of the table were inserted, updated or deleted meanwhile, and at
 every instant (real PostgreSQL, real Spark).
 
-The oracle of each view is its query run by PostgreSQL over the raw view and the table,
-in the same snapshot as the view.
+The oracle of an aggregate (partials per window and join columns, kept by Spark) is its
+query run by PostgreSQL over the raw view and the table, in the same snapshot as the view.
+A stream of rows joined with a table is a view whose text is its own query, so its oracle
+is a Python model over the rows the test sent and the table's rows, which the test keeps.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import threading
-from datetime import timedelta
+from collections import defaultdict
+from datetime import datetime, timedelta
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -21,19 +24,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
-from tests.conftest import Strata
-from tests.oracle import START, at, canonical, execute, ndjson, same
+from tests.conftest import Strata, examples
+from tests.oracle import START, SnapshotReader, at, execute, ndjson, same
+from tests.test_joins import Row, another, equals_model, when, with_a_late_run
 from tests.test_pgwire import psql
 
 _names = itertools.count()
 
 
 class Shop:
-    """A fresh impressions stream and campaigns table (owned by the user, made with SQL)."""
+    """A fresh impressions stream and campaigns table (owned by the user, made with SQL);
+    the rows of the runs made, and the table's rows, as the test keeps them."""
 
     def __init__(self, strata: Strata, rng: random.Random) -> None:
         n = next(_names)
         self.strata, self.rng = strata, rng
+        self.sent: list[Row] = []
+        self.owners: dict[str, str | None] = {}
         self.imp, self.campaigns = f"imp_{n}", f"campaigns_{n}"
         strata.create(
             f"CREATE STREAM {self.imp} (campaign text, price numeric(12,2), t timestamptz) "
@@ -51,22 +58,29 @@ class Shop:
             campaign,
             owner,
         )
+        self.owners[campaign] = owner
 
     def delete(self, campaign: str) -> None:
         execute(self.strata, f"DELETE FROM {self.campaigns} WHERE campaign = %s", campaign)
+        self.owners.pop(campaign, None)
 
     def run(self, rows: int, hours_late: float = 0) -> str:
         base = 86_400 - hours_late * 3600
-        return ndjson(
-            [
-                {
-                    "campaign": self.rng.choice([f"c{k}" for k in range(7)] + [None]),
-                    "price": round(self.rng.uniform(0, 50), 2),
-                    "t": at(base + self.rng.uniform(0, 3600)),
-                }
-                for _ in range(rows)
-            ]
-        )
+        made: list[Row] = [
+            {
+                "campaign": self.rng.choice([f"c{k}" for k in range(7)] + [None]),
+                "price": round(self.rng.uniform(0, 50), 2),
+                "t": at(base + self.rng.uniform(0, 3600)),
+            }
+            for _ in range(rows)
+        ]
+        self.sent += made
+        return ndjson(made)
+
+
+def price(row: Row) -> Decimal:
+    """A row's price as its numeric column holds it (JSON writes a float's repr)."""
+    return Decimal(repr(row["price"]))
 
 
 SPEND = (
@@ -152,8 +166,10 @@ def test_rows_joined_on_read_and_versions_as_of_event_time(module_strata: Strata
         f"CREATE TABLE {rates} (campaign text, valid_from timestamptz, rate numeric, "
         "PRIMARY KEY (campaign, valid_from))",
     )
+    versions: dict[tuple[str, datetime], Decimal] = {}  # (campaign, valid from): rate
     for k in range(5):
         execute(strata, f"INSERT INTO {rates} VALUES (%s, %s, %s)", f"c{k}", START, k + 1)
+        versions[f"c{k}", START] = Decimal(k + 1)
     enriched, priced = f"enriched_{next(_names)}", f"priced_{next(_names)}"
     described = strata.create(
         f"CREATE STREAM {enriched} AS SELECT i.*, c.owner FROM {shop.imp} i "
@@ -170,22 +186,31 @@ def test_rows_joined_on_read_and_versions_as_of_event_time(module_strata: Strata
         strata.ingest(shop.imp, shop.run(60, hours_late=late))
     # A new rate valid from the middle of the day, arriving after the rows it prices.
     execute(strata, f"INSERT INTO {rates} VALUES ('c1', %s, 100)", START + timedelta(hours=24.5))
+    versions["c1", START + timedelta(hours=24.5)] = Decimal(100)
     shop.upsert("c3", "o7")
-    same(
+    # LEFT JOIN: every row of price 1 or more, with its campaign's owner now or NULL.
+    left = [
+        (r["campaign"], price(r), when(r["t"]), shop.owners.get(r["campaign"]))
+        for r in shop.sent
+        if price(r) >= 1
+    ]
+    # Per row, the version of its campaign's rate with the latest validity not after it.
+    priced_rows = []
+    for r in shop.sent:
+        valid = [v for c, v in versions if c == r["campaign"] and v <= when(r["t"])]
+        if valid:
+            rate = versions[r["campaign"], max(valid)]
+            priced_rows.append((r["campaign"], price(r) * rate, max(valid), when(r["t"])))
+    equals_model(
         strata,
-        f"SELECT campaign, price, t, owner FROM {enriched}",
-        f"SELECT i.campaign, i.price, i.t, c.owner FROM {shop.imp} i "
-        f"LEFT JOIN {shop.campaigns} c ON c.campaign = i.campaign WHERE i.price >= 1",
+        {
+            f"SELECT campaign, price, t, owner FROM {enriched}": left,
+            f"SELECT campaign, usd, valid_from, t FROM {priced}": priced_rows,
+        },
     )
-    rows = same(
-        strata,
-        f"SELECT campaign, usd, valid_from, t FROM {priced}",
-        f"SELECT i.campaign, i.price * r.rate, r.valid_from, i.t FROM {shop.imp} i "
-        f"JOIN {rates} r ON r.campaign = i.campaign AND r.valid_from = (SELECT max(valid_from) "
-        f"FROM {rates} v WHERE v.campaign = i.campaign AND v.valid_from <= i.t)",
-    )
-    assert rows > 50
-    assert strata.query(f"SELECT count(*) FROM {priced} WHERE usd >= 100 * 1")[0][0] > 0
+    assert any(owner is None for *_, owner in left) and any(owner for *_, owner in left)
+    assert len(priced_rows) > 50
+    assert any(usd >= 100 for _, usd, _, _ in priced_rows)  # the version that came late
 
 
 def test_refusals_name_the_construct(module_strata: Strata) -> None:
@@ -250,21 +275,7 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_and_table_changes_arrive(
     spend = f"spend_{next(_names)}"
     strata.create(SPEND.format(name=spend, imp=shop.imp, campaigns=shop.campaigns))
     view = f"SELECT owner, revenue, n, t FROM {spend}"
-    stop = threading.Event()
-    reads: list[bool] = []
-
-    def reader() -> None:
-        with psycopg.connect(strata.database_url, autocommit=True) as connection:
-            while not stop.is_set():
-                with connection.transaction():
-                    connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    got = canonical(connection.execute(view).fetchall())
-                    want = canonical(connection.execute(spend_oracle(shop)).fetchall())
-                reads.append(got == want)
-
-    checker = threading.Thread(target=reader)
-    checker.start()
-    try:
+    with SnapshotReader.of(strata.database_url, {view: spend_oracle(shop)}, min_snapshots=5):
         posted = []
         for i in range(30):
             response = strata.post_run(
@@ -278,42 +289,59 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_and_table_changes_arrive(
                 shop.delete(f"c{shop.rng.randrange(7)}")
         for run_id in posted:
             strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
-    finally:
-        stop.set()
-        checker.join()
-    assert reads and all(reads), f"{reads.count(False)} of {len(reads)} snapshots differed"
-    same(strata, view, spend_oracle(shop))
+    assert same(strata, view, spend_oracle(shop)) > 0
+
+
+Change = tuple[str, tuple[int, int] | int]  # ("upsert", (k, g)) or ("delete", k)
+
+
+@st.composite
+def keyed_runs(draw: st.DrawFn) -> list[list[tuple[int, int]]]:
+    """Two to six runs of rows (key, ten-minute step), at two distinct times at least (so
+    that some order of the runs makes one late)."""
+    runs = draw(
+        st.lists(
+            st.lists(st.tuples(st.integers(0, 5), st.integers(0, 600)), min_size=1, max_size=8),
+            min_size=2,
+            max_size=6,
+        )
+    )
+    run = runs[draw(st.integers(0, len(runs) - 1))]
+    run.insert(
+        draw(st.integers(0, len(run))), (draw(st.integers(0, 5)), another(draw, runs[0][0][1], 600))
+    )
+    return runs
 
 
 @given(
-    steps=st.lists(
+    runs=keyed_runs(),
+    changes=st.lists(
         st.one_of(
-            st.tuples(
-                st.just("run"),
-                st.lists(st.tuples(st.integers(0, 5), st.integers(0, 600)), min_size=1, max_size=8),
-            ),
             st.tuples(st.just("upsert"), st.tuples(st.integers(0, 5), st.integers(0, 2))),
             st.tuples(st.just("delete"), st.integers(0, 5)),
         ),
-        min_size=1,
-        max_size=14,
+        max_size=7,
     ),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-def test_any_runs_and_table_changes_give_the_batch_query(
-    module_strata: Strata, steps: list[tuple[str, object]], order: random.Random
+def test_any_runs_and_table_changes_give_the_model_query(
+    module_strata: Strata,
+    runs: list[list[tuple[int, int]]],
+    changes: list[Change],
+    order: random.Random,
 ) -> None:
-    """Hypothesis: runs (cut and ordered at random, minutes to days late) interleaved with
-    inserts, updates and deletes of the table: the aggregate and the row views equal the
-    batch queries after every step."""
+    """Hypothesis: runs (cut and ordered at random, minutes to days late, one at least
+    late) interleaved with inserts, updates and deletes of the table, then an insert of a
+    key the runs hold: the aggregate and the row views equal a Python model of their
+    queries over the rows sent and the table's rows after every step."""
     strata = module_strata
     n = next(_names)
-    imp, dim, agg, rows = f"himp_{n}", f"hdim_{n}", f"hagg_{n}", f"hrows_{n}"
+    imp, dim, agg, joined = f"himp_{n}", f"hdim_{n}", f"hagg_{n}", f"hrows_{n}"
     strata.create(
         f"CREATE STREAM {imp} (k integer, v integer, t timestamptz) WITH (event_time = 't')"
     )
@@ -324,21 +352,22 @@ def test_any_runs_and_table_changes_give_the_batch_query(
         "GROUP BY d.g, window_start"
     )
     strata.create(
-        f"CREATE STREAM {rows} AS SELECT i.k, i.v, i.t, d.g FROM {imp} i "
+        f"CREATE STREAM {joined} AS SELECT i.k, i.v, i.t, d.g FROM {imp} i "
         f"LEFT JOIN {dim} d ON d.k = i.k"
     )
-    runs = [s for s in steps if s[0] == "run"]
     order.shuffle(runs)
-    shuffled = iter(runs)
-    serial = itertools.count()
+    runs = with_a_late_run(runs, lambda run: [minute for _, minute in run])
+    steps: list[Change] = [*[("run", 0)] * len(runs), *changes]
+    order.shuffle(steps)
+    steps.append(("upsert", (runs[0][0][0], 0)))  # the inner join holds a pair at the end
+    sending = iter(runs)
+    sent: list[tuple[int, int, int]] = []  # k, v, seconds after START
+    groups: dict[int, int] = {}  # the table: k -> g
     for kind, payload in steps:
         if kind == "run":
-            _, body = next(shuffled)
-            assert isinstance(body, list)
-            strata.ingest(
-                imp,
-                ndjson([{"k": k, "v": next(serial), "t": at(minute * 600)} for k, minute in body]),
-            )
+            rows = [(k, len(sent) + i, minute * 600) for i, (k, minute) in enumerate(next(sending))]
+            strata.ingest(imp, ndjson([{"k": k, "v": v, "t": at(s)} for k, v, s in rows]))
+            sent += rows
         elif kind == "upsert":
             assert isinstance(payload, tuple)
             execute(
@@ -346,19 +375,28 @@ def test_any_runs_and_table_changes_give_the_batch_query(
                 f"INSERT INTO {dim} VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET g = excluded.g",
                 *payload,
             )
+            groups[payload[0]] = payload[1]
         else:
             execute(strata, f"DELETE FROM {dim} WHERE k = %s", payload)
-        same(
+            groups.pop(payload, None)  # type: ignore[arg-type]
+        windows: dict[tuple[int, int], list[int]] = defaultdict(list)  # (g, window) -> v's
+        for k, v, s in sent:
+            if k in groups:
+                windows[groups[k], s - s % 3600].append(v)
+        aggregated = [
+            (g, sum(vs), len(vs), min(vs), START + timedelta(seconds=w))
+            for (g, w), vs in windows.items()
+        ]
+        equals_model(
             strata,
-            f"SELECT g, s, n, lo, window_start FROM {agg}",
-            f"SELECT d.g, sum(i.v), count(*), min(i.v), date_bin('1 hour', i.t, "
-            f"timestamptz 'epoch') FROM {imp} i JOIN {dim} d ON d.k = i.k GROUP BY 1, 5",
+            {
+                f"SELECT g, s, n, lo, window_start FROM {agg}": aggregated,
+                f"SELECT k, v, t, g FROM {joined}": [
+                    (k, v, START + timedelta(seconds=s), groups.get(k)) for k, v, s in sent
+                ],
+            },
         )
-        same(
-            strata,
-            f"SELECT k, v, t, g FROM {rows}",
-            f"SELECT i.k, i.v, i.t, d.g FROM {imp} i LEFT JOIN {dim} d ON d.k = i.k",
-        )
+    assert aggregated, "the join with the table is empty"
 
 
 def test_a_table_made_and_changed_in_psql_is_joined_through_the_sql_port(
@@ -391,29 +429,48 @@ SELECT owner, spent, window_start FROM by_owner_{n} ORDER BY window_start;
     )
 
 
+@st.composite
+def three_sided_rows(draw: st.DrawFn, size: int) -> tuple[list[tuple[str, int, int]], int]:
+    """Rows ("a", "b" or "c", key, minute) of three streams, among them one of each stream
+    of one key, c's 1 to 60 minutes after a's (a triple of the three-way join, and two
+    distinct times, so that some order of the runs makes one late), at drawn places; and
+    that key."""
+    rows = draw(
+        st.lists(
+            st.tuples(st.sampled_from("abc"), st.integers(0, 3), st.integers(0, 300)),
+            max_size=size - 3,
+        )
+    )
+    key, minute = draw(st.integers(0, 3)), draw(st.integers(0, 240))
+    triple = [("a", key, minute), ("b", key, draw(st.integers(0, 300)))]
+    triple.append(("c", key, minute + draw(st.integers(1, 60))))
+    for row in triple:
+        rows.insert(draw(st.integers(0, len(rows))), row)
+    return rows, key
+
+
 @given(
-    rows=st.lists(
-        st.tuples(st.sampled_from("abc"), st.integers(0, 3), st.integers(0, 300)),
-        min_size=1,
-        max_size=30,
-    ),
+    drawn=three_sided_rows(size=30),
     changes=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2) | st.none()), max_size=6),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=8,
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_three_streams_and_a_table(
     module_strata: Strata,
-    rows: list[tuple[str, int, int]],
+    drawn: tuple[list[tuple[str, int, int]], int],
     changes: list[tuple[int, int | None]],
     order: random.Random,
 ) -> None:
     """Hypothesis: a three-way band join of streams, and an aggregate over it joined with a
-    table; runs of the three streams in random order (hours apart) interleaved with table
-    changes (None deletes): both views equal the batch queries after every step."""
+    table; runs of the three streams in random order (hours apart, one at least late)
+    interleaved with table changes (None deletes), then an insert of the key of a joined
+    triple: both views equal the batch queries after every step, and are not empty at the
+    end."""
+    rows, key = drawn
     strata = module_strata
     n = next(_names)
     a, b, c, dim = f"ta_{n}", f"tb_{n}", f"tc_{n}", f"tdim_{n}"
@@ -437,16 +494,20 @@ def test_three_streams_and_a_table(
     )
     streams = {"a": a, "b": b, "c": c}
     runs = [
-        (streams[s], ndjson([{"k": k, "v": i, "t": at(minute * 60)}]))
+        (streams[s], {"k": k, "v": i, "t": at(minute * 60)})
         for i, (s, k, minute) in enumerate(rows)
     ]
     order.shuffle(runs)
-    steps: list[tuple[str, str] | tuple[int, int | None]] = [*runs, *changes]
-    order.shuffle(steps)
+    runs = with_a_late_run(runs, lambda run: [when(run[1]["t"])])
+    kinds = [*["run"] * len(runs), *["change"] * len(changes)]
+    order.shuffle(kinds)
+    sending, changing = iter(runs), iter(changes)
+    steps = [next(sending) if kind == "run" else next(changing) for kind in kinds]
+    steps.append((key, 0))  # the triple's key in the table: the aggregate holds a row
     oracle = f"SELECT x.k, x.v, y.v, z.v, x.t {join}"
     for step in steps:
         if isinstance(step[0], str):
-            strata.ingest(step[0], str(step[1]))
+            strata.ingest(step[0], ndjson([step[1]]))  # type: ignore[list-item]
         elif step[1] is None:
             execute(strata, f"DELETE FROM {dim} WHERE k = %s", step[0])
         else:
@@ -455,10 +516,11 @@ def test_three_streams_and_a_table(
                 f"INSERT INTO {dim} VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET g = excluded.g",
                 *step,
             )
-        same(strata, f"SELECT k, xv, yv, zv, t FROM {joined}", oracle)
-        same(
+        triples = same(strata, f"SELECT k, xv, yv, zv, t FROM {joined}", oracle)
+        windows = same(
             strata,
             f"SELECT g, n, s, window_start FROM {agg}",
             f"SELECT d.g, count(*), sum(j.zv), date_bin('1 hour', j.t, timestamptz 'epoch') "
             f"FROM ({oracle}) j (k, xv, yv, zv, t) JOIN {dim} d ON d.k = j.k GROUP BY 1, 4",
         )
+    assert triples > 0 and windows > 0
