@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -353,13 +354,23 @@ def _interrupt(strata: Strata, work: Callable[[], object], table: str, statement
     thread.join(300)
     assert not thread.is_alive(), "the worker did not stop"
     assert thread.error is not None, "the worker must have failed"
-    chain: list[BaseException] = []
-    error: BaseException | None = thread.error
-    while error is not None and error not in chain:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    if not any(isinstance(e, psycopg.errors.AdminShutdown) for e in chain):
+    if not _killed(thread.error):
         thread.reraise()  # a failure of its own, not the one the test caused
+
+
+def _killed(error: BaseException) -> bool:
+    """Whether ``error`` is the database error of a connection PostgreSQL terminated: a
+    driver's error, caused (as Python shows it) by the termination."""
+    if not isinstance(error, sa.exc.DBAPIError | psycopg.Error):
+        return False
+    seen: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and cause not in seen:
+        if isinstance(cause, psycopg.errors.AdminShutdown):
+            return True
+        seen.append(cause)
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return False
 
 
 def test_materializer_and_repairer_killed_midway_leave_nothing_half_done(strata: Strata) -> None:
