@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import cycle
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -16,6 +16,7 @@ from tests.conftest import Strata
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 def at(seconds: float) -> str:
@@ -46,6 +47,46 @@ def execute(strata: Strata, statement: str, *params: object) -> None:
     """One statement of the user's own (a table made, changed), committed."""
     with psycopg.connect(strata.database_url, autocommit=True) as connection:
         connection.execute(statement, params or None)  # type: ignore[arg-type]
+
+
+def _identity(run: Any) -> Any:
+    return run
+
+
+def late(
+    runs: Iterable[R], time: Callable[[Any], Any], rows: Callable[[R], Iterable[Any]] = _identity
+) -> bool:
+    """Whether a run (in the order sent) arrives late: behind a later event time that an
+    earlier run holds. ``rows`` gives a run's rows (the run itself by default), ``time`` a
+    row's event time."""
+    newest = None
+    for run in runs:
+        times = [time(row) for row in rows(run)]
+        if not times:
+            continue
+        if newest is not None and min(times) < newest:
+            return True
+        newest = max(times) if newest is None else max(newest, *times)
+    return False
+
+
+def with_a_late_run(
+    runs: Sequence[R], time: Callable[[Any], Any], rows: Callable[[R], Iterable[Any]] = _identity
+) -> list[R]:
+    """``runs`` in their order, unless none arrives late: then with the first and the last
+    swapped. Runs none of which is late are in event-time order, so the last then arrives
+    first and the first after it, behind it, as soon as they hold two different times."""
+    ordered = list(runs)
+    assert len(ordered) > 1, "a late run needs two runs"
+    if not late(ordered, time, rows):
+        ordered[0], ordered[-1] = ordered[-1], ordered[0]
+    assert late(ordered, time, rows), "no run can be late: every row has one event time"
+    return ordered
+
+
+def late_runs(strata: Strata, raw: str) -> int:
+    """How many runs of raw stream ``raw`` Strata counted late (behind its watermark)."""
+    return int(strata.client.get(f"/streams/{raw}").json()["progress"]["late_runs"])
 
 
 def cut(rows: Sequence[T], sizes: Sequence[int]) -> Iterator[list[T]]:

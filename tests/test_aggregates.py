@@ -41,7 +41,7 @@ from rewriter.sketches import (
     ddsketch_bucket,
 )
 from tests.conftest import Strata, examples
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import late, late_runs, with_a_late_run
 
 SQL_FILE = Path(__file__).resolve().parents[1] / "sql" / "002_aggregates.sql"
 EPOCH = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)

@@ -23,8 +23,7 @@ from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
 from server.workers.swapper import Swapper
 from tests.conftest import Strata, examples
-from tests.oracle import SnapshotReader
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import SnapshotReader, late, late_runs, with_a_late_run
 
 START = datetime(2024, 8, 1, tzinfo=UTC)
 RAW = "CREATE STREAM {ev} (k text, v bigint, t timestamptz) WITH (event_time = 't')"

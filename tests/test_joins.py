@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, examples
-from tests.oracle import SnapshotReader, at, cut, ndjson, same
+from tests.oracle import SnapshotReader, at, cut, late, ndjson, same, with_a_late_run
 
 _names = itertools.count()
 
@@ -153,29 +153,6 @@ def another(draw: st.DrawFn, value: int, top: int) -> int:
 def when(value: object) -> datetime:
     """A time as a run carries it (at()'s ISO text), as PostgreSQL reads it."""
     return datetime.fromisoformat(str(value))
-
-
-def late(runs: Iterable[Collection[Any]]) -> bool:
-    """Whether a run (the event times of its rows; runs in the order sent) arrives after a
-    run holding a later event time."""
-    latest = None
-    for times in runs:
-        if not times:
-            continue
-        if latest is not None and min(times) < latest:
-            return True
-        latest = max(times) if latest is None else max(latest, max(times))
-    return False
-
-
-def with_a_late_run(runs: list[R], times: Callable[[R], Collection[Any]]) -> list[R]:
-    """``runs`` in the order to send them, one of them late: as they are if one is, else with
-    the first run sent last. (If none is late, the first run holds the earliest time and a
-    later one the latest: sent last, the first is late unless every row has one time.)"""
-    if not late(map(times, runs)):
-        runs = [*runs[1:], *runs[:1]]
-    assert late(map(times, runs)), "no run can be late: every row has the same event time"
-    return runs
 
 
 def _normal(value: object) -> object:
@@ -533,7 +510,7 @@ def test_any_split_and_order_gives_the_batch_join(
     )
     runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
-    for stream, run in with_a_late_run(runs, lambda run: [when(r["t"]) for r in run[1]]):
+    for stream, run in with_a_late_run(runs, lambda r: when(r["t"]), rows=lambda run: run[1]):
         strata.ingest(stream, ndjson(run))
     oracle = (
         f"SELECT l.k, l.v, r.v, r.t FROM {left} l JOIN {right} r ON l.k = r.k "
@@ -692,7 +669,7 @@ def test_outer_joins_equal_the_batch_join_after_every_run_of_any_split_and_order
     runs = two_sided_runs(rows, cuts, left, right)
     order.shuffle(runs)
     oracle = f"SELECT l.k, l.v, r.v, l.t, r.t FROM {left} l {side} JOIN {right} r {condition}"
-    for stream, run in with_a_late_run(runs, lambda run: [when(r["t"]) for r in run[1]]):
+    for stream, run in with_a_late_run(runs, lambda r: when(r["t"]), rows=lambda run: run[1]):
         strata.ingest(stream, ndjson(run))
         same(strata, f"SELECT k, lv, rv, lt, rt FROM {joined}", oracle)
     matched = f"SELECT count(*) FROM {left} l JOIN {right} r {condition}"
@@ -890,7 +867,7 @@ def test_outer_joins_of_three_streams_and_joins_of_streams_and_a_table_read_exac
             ]
             runs.append((stream, rows))
     rng.shuffle(runs)
-    assert late([when(r["t"]) for r in rows] for _, rows in runs)
+    assert late(runs, lambda r: when(r["t"]), rows=lambda run: run[1])
     table_pairs = 0
     for step, (stream, rows) in enumerate(runs):
         strata.ingest(stream, ndjson(rows))

@@ -13,15 +13,15 @@ import csv
 import io
 import itertools
 import json
-from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Strata, examples
+from tests.oracle import late, late_runs, with_a_late_run
 
 T = TypeVar("T")
 
@@ -111,34 +111,6 @@ events = st.lists(
     min_size=2,
     max_size=120,
 ).filter(lambda rows: len({row["t"] for row in rows}) > 1)  # one late run needs two times
-
-
-def late(runs: Sequence[Sequence[T]], time: Callable[[T], Any]) -> bool:
-    """Whether a run arrives late: behind a later event time an earlier run holds."""
-    newest = None
-    for run in runs:
-        times = [time(row) for row in run]
-        if newest is not None and min(times) < newest:
-            return True
-        newest = max(times) if newest is None else max(newest, *times)
-    return False
-
-
-def with_a_late_run(runs: Sequence[Sequence[T]], time: Callable[[T], Any]) -> list[Sequence[T]]:
-    """``runs`` in their order, unless none arrives late: then with the first and the last
-    swapped. Runs none of which is late are in event-time order, so the last then arrives
-    first and the first after it, behind it, as soon as the runs hold two different
-    times (there must be two runs or more)."""
-    ordered = list(runs)
-    assert len(ordered) > 1, "a late run needs two runs"
-    if not late(ordered, time):
-        ordered[0], ordered[-1] = ordered[-1], ordered[0]
-    return ordered
-
-
-def late_runs(strata: Strata, raw: str) -> int:
-    """How many runs of raw stream ``raw`` Strata counted late (behind its watermark)."""
-    return int(strata.client.get(f"/streams/{raw}").json()["progress"]["late_runs"])
 
 
 def _ndjson(rows: list[dict]) -> str:

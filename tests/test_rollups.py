@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Strata, examples
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import late, late_runs, with_a_late_run
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 IMPSNS = (

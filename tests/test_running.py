@@ -15,8 +15,17 @@ from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
 from tests.conftest import Strata, examples
-from tests.oracle import START, SnapshotReader, canonical, cut, ndjson, same
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import (
+    START,
+    SnapshotReader,
+    canonical,
+    cut,
+    late,
+    late_runs,
+    ndjson,
+    same,
+    with_a_late_run,
+)
 
 _names = itertools.count()
 

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, examples
-from tests.oracle import SnapshotReader
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import SnapshotReader, late, late_runs, with_a_late_run
 from tests.test_reducer import Raising, strictly
 
 START = datetime(2024, 6, 1, tzinfo=UTC)

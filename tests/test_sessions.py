@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Strata, examples
-from tests.oracle import START, at, cut, ndjson
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import START, at, cut, late, late_runs, ndjson, with_a_late_run
 
 GAP = timedelta(seconds=10)
 _names = itertools.count()

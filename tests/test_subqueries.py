@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Strata, examples
-from tests.oracle import at, cut, ndjson, same
-from tests.test_order_independence import late, late_runs, with_a_late_run
+from tests.oracle import at, cut, late, late_runs, ndjson, same, with_a_late_run
 
 _names = itertools.count()
 

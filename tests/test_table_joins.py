@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from server.workers.reducer import Reducer
 from tests.conftest import Strata, examples
-from tests.oracle import START, SnapshotReader, at, execute, ndjson, same
-from tests.test_joins import Row, another, equals_model, when, with_a_late_run
+from tests.oracle import START, SnapshotReader, at, execute, ndjson, same, with_a_late_run
+from tests.test_joins import Row, another, equals_model, when
 from tests.test_pgwire import psql
 
 _names = itertools.count()
@@ -356,7 +356,7 @@ def test_any_runs_and_table_changes_give_the_model_query(
         f"LEFT JOIN {dim} d ON d.k = i.k"
     )
     order.shuffle(runs)
-    runs = with_a_late_run(runs, lambda run: [minute for _, minute in run])
+    runs = with_a_late_run(runs, lambda row: row[1])
     steps: list[Change] = [*[("run", 0)] * len(runs), *changes]
     order.shuffle(steps)
     steps.append(("upsert", (runs[0][0][0], 0)))  # the inner join holds a pair at the end
@@ -498,7 +498,7 @@ def test_three_streams_and_a_table(
         for i, (s, k, minute) in enumerate(rows)
     ]
     order.shuffle(runs)
-    runs = with_a_late_run(runs, lambda run: [when(run[1]["t"])])
+    runs = with_a_late_run(runs, lambda row: when(row["t"]), rows=lambda run: [run[1]])
     kinds = [*["run"] * len(runs), *["change"] * len(changes)]
     order.shuffle(kinds)
     sending, changing = iter(runs), iter(changes)
