@@ -164,7 +164,7 @@ def test_top_n_equals_the_model_ranking_after_every_run(
     # At least two runs (no run holds every row), one of them late.
     runs = list(cut(bids, [min(size, len(bids) - 1) for size in cuts]))
     order.shuffle(runs)
-    runs = with_a_late_run(runs, lambda run: [s for *_, s in run])
+    runs = with_a_late_run(runs, lambda row: row[3])
     sent: list[Bid] = []
     for run in runs:
         strata.ingest(
