@@ -115,6 +115,10 @@ runs = sa.Table(
     sa.Column("spool_path", sa.Text),
     sa.Column("received_at", sa.DateTime(timezone=True)),
     sa.Column("committed_at", sa.DateTime(timezone=True)),
+    # Migration 0016: the position of the run in this node's commit log (replication), and
+    # the DDL position of its stream's CREATE in a cluster.
+    sa.Column("commit_pos", sa.BigInteger),
+    sa.Column("origin", sa.BigInteger),
 )
 
 stream_progress = sa.Table(
@@ -699,9 +703,16 @@ def next_run_seq(connection: sa.Connection) -> int:
 
 
 def claim_run(
-    connection: sa.Connection, seq: int, run_id: str, stream: str, rows: int, spool_path: str
+    connection: sa.Connection,
+    seq: int,
+    run_id: str,
+    stream: str,
+    rows: int,
+    spool_path: str,
+    origin: int | None = None,
 ) -> RunRecord | None:
-    """Record a pending run; None if the run id is taken (the first one wins)."""
+    """Record a pending run; None if the run id is taken (the first one wins). ``origin``:
+    in a cluster, the DDL position of the stream's CREATE."""
     statement = (
         sa.dialects.postgresql.insert(runs)
         .values(
@@ -711,6 +722,7 @@ def claim_run(
             status="pending",
             rows=rows,
             spool_path=spool_path,
+            origin=origin,
         )
         .on_conflict_do_nothing(index_elements=["run_id"])
         .returning(*runs.c)

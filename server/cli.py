@@ -33,6 +33,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["pg_port"] = args.pg_port
     if args.data_dir is not None:
         overrides["data_dir"] = Path(args.data_dir)
+    for name in ("node", "ddl_owner", "min_copies"):
+        if getattr(args, name, None) is not None:
+            overrides[name] = getattr(args, name)
+    if getattr(args, "peers", None) is not None:
+        overrides["peers"] = tuple(u.strip() for u in args.peers.split(",") if u.strip())
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
@@ -232,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         "--pg-port", type=int, help="SQL port (PostgreSQL protocol; default 5433, STRATA_PG_PORT)"
     )
     start.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
+    start.add_argument("--node", help="this node's name in a cluster (STRATA_NODE)")
+    start.add_argument("--peers", help="the other nodes' HTTP URLs, comma-separated (STRATA_PEERS)")
+    start.add_argument("--ddl-owner", help="the node that orders DDL (STRATA_DDL_OWNER)")
+    start.add_argument(
+        "--min-copies",
+        type=int,
+        help="nodes a run is durable on before it is acknowledged (default 1, STRATA_MIN_COPIES)",
+    )
     start.set_defaults(run=up)
     show = commands.add_parser("info", help="print database_url and more as JSON")
     show.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")

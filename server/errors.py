@@ -100,6 +100,32 @@ class RunFormatError(StrataError):
         }
 
 
+# ---- a cluster of nodes (server/replication/) --------------------------------------------
+
+
+class Unavailable(StrataError):
+    """Something this request needs is out of reach for now (the DDL owner, the peers a run
+    must be copied to): retry, after ``retry_after`` seconds, here or at another node."""
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ReplicaTooEarly(StrataError):
+    """A peer's copy of a run of a stream this node does not have yet (its CREATE has not
+    reached it): the peer offers it again later."""
+
+
+class ReplicaObsolete(StrataError):
+    """A peer's copy of a run of a stream since dropped here: it is not kept."""
+
+
+class NotTheOwner(StrataError):
+    """DDL forwarded to a node that does not order the cluster's DDL (a misconfiguration:
+    STRATA_DDL_OWNER differs between nodes)."""
+
+
 # ---- the SQL port (server/pgwire/errors.py maps these and the ones above onto SQLSTATEs) ---
 
 

@@ -27,6 +27,8 @@ from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.pgwire.server import SqlPort
+from server.replication.node import Node
+from server.replication.puller import DdlFollower, Puller
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
@@ -54,6 +56,8 @@ class Runtime:
     sql_port: SqlPort
     warmup: Warmup
     workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
+    # In a cluster: the threads that pull peers' runs and follow the owner's DDL.
+    replication: list[Background] = field(default_factory=list)
 
     def info(self) -> dict[str, object]:
         return {
@@ -71,14 +75,18 @@ class Runtime:
     @property
     def background(self) -> list[Background]:
         """The threads that stop alike: the workers, then Spark's warm-up."""
-        return [*self.workers.values(), self.warmup]
+        return [*self.workers.values(), *self.replication, self.warmup]
 
     def start(self) -> None:
         """Resume pending runs, start the ingest pipeline and the workers, open the SQL
         port, and warm Spark up while no run waits."""
         self.service.pipeline.start()
+        if self.service.cluster is not None:
+            self.service.cluster.seed_ddl_log()
         for worker in self.workers.values():
             worker.start()
+        for thread in self.replication:
+            thread.start()
         self.sql_port.start()
         self.warmup.start()
 
@@ -164,7 +172,16 @@ def assemble(
         idle=lambda: pipeline.idle,
         gauge=metrics.warmup_left,
     )
-    return Runtime(settings, database_url, engine, backend, service, sql_port, warmup, workers)
+    replication: list[Background] = []
+    if settings.clustered:
+        node = Node(settings, service, secret(settings, "api_token"))
+        service.cluster = node
+        replication = [Puller(node, peer, settings.replicate_interval) for peer in node.peers]
+        if not node.is_owner:
+            replication.append(DdlFollower(node, settings.replicate_interval))
+    return Runtime(
+        settings, database_url, engine, backend, service, sql_port, warmup, workers, replication
+    )
 
 
 @contextmanager

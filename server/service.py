@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
@@ -34,7 +35,14 @@ from rewriter.tables import TableSchema, referenced_names
 from server import alter, catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
 from server.comments import comment_statements
-from server.errors import NotARawStream, RunConflict, StreamExists, StreamInUse, UnknownStream
+from server.errors import (
+    InvalidRunId,
+    NotARawStream,
+    RunConflict,
+    StreamExists,
+    StreamInUse,
+    UnknownStream,
+)
 from server.ingest.parse import parse_run
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.progress import stream_progress
@@ -43,7 +51,14 @@ from server.metrics import Metrics
 from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
 
+if TYPE_CHECKING:
+    from server.replication.node import Node
+
 log = logging.getLogger("strata.service")
+
+# Called inside a DDL statement's transaction with the stream's name, after the statement
+# did its work: a cluster logs or records the statement there (server/replication/node.py).
+Within = Callable[[sa.Connection, str], None]
 
 
 def _refuse_planned_sql(err: Exception) -> None:
@@ -76,6 +91,8 @@ class StrataService:
         self.spool = spool
         self.pipeline = pipeline
         self.metrics = metrics
+        # In a cluster, the node that orders DDL and replicates runs (set by assemble).
+        self.cluster: Node | None = None
 
     # ---- streams ---------------------------------------------------------------------
 
@@ -90,11 +107,18 @@ class StrataService:
         return record
 
     def create_stream(self, text: str) -> StreamRecord:
+        if self.cluster is not None:  # ordered by the DDL owner, applied here in that order
+            return self.cluster.create_stream(text)
+        return self.apply_create(text)
+
+    def apply_create(self, text: str, within: Within | None = None) -> StreamRecord:
         name = ""
         try:
             with self.engine.begin() as connection:
                 catalog.lock_ddl(connection)
                 name = self._create_with_companions(connection, text).name
+                if within is not None:
+                    within(connection, name)
         except sa.exc.IntegrityError as err:
             if isinstance(err.orig, psycopg.errors.UniqueViolation):
                 raise StreamExists(f"stream {name!r} already exists") from None
@@ -108,10 +132,18 @@ class StrataService:
         """ALTER STREAM name AS SELECT ...: build the new definition beside the stream
         (swapped in at once when no back-fill is needed, else by the swapper once it has
         caught up); returns what server/alter.py says of it."""
+        if self.cluster is not None:
+            return self.cluster.alter_stream(text)
+        return self.apply_alter(text)
+
+    def apply_alter(self, text: str, within: Within | None = None) -> dict[str, object]:
         try:
             with self.engine.begin() as connection:
                 catalog.lock_ddl(connection)
-                return alter.begin(connection, self.plans, self._create_with_companions, text)
+                altered = alter.begin(connection, self.plans, self._create_with_companions, text)
+                if within is not None:
+                    within(connection, str(altered["stream"]))
+                return altered
         except (sa.exc.DBAPIError, psycopg.Error) as err:
             _refuse_planned_sql(err)
             raise
@@ -211,6 +243,12 @@ class StrataService:
         catalog.execute_plan_sql(connection, plan.history_statement)
 
     def drop_stream(self, name: str) -> None:
+        if self.cluster is not None:
+            self.cluster.drop_stream(name)
+        else:
+            self.apply_drop(name)
+
+    def apply_drop(self, name: str, within: Within | None = None) -> None:
         with self.engine.begin() as connection:
             catalog.lock_ddl(connection)
             records = self.plans.load(connection)
@@ -231,6 +269,8 @@ class StrataService:
                     f"stream {name!r} is used by {', '.join(users)}; drop those first"
                 )
             self._drop(connection, records, name)
+            if within is not None:
+                within(connection, name)
 
     def _drop(self, connection: sa.Connection, records: dict[str, StreamRecord], name: str) -> None:
         """Drop ``name``, then the streams made with it (its join ``<name>__rows``, its
@@ -296,21 +336,65 @@ class StrataService:
         )
 
     def submit_rows(
-        self, stream: str, read_rows: Callable[[RawStreamPlan], pa.Table], run_id: str | None
+        self,
+        stream: str,
+        read_rows: Callable[[RawStreamPlan], pa.Table],
+        run_id: str | None,
+        *,
+        replica: bool = False,
     ) -> RunRecord:
         """Like ``submit_run``, for a run whose rows ``read_rows`` reads for the stream's plan
         (a COPY's data, an INSERT's VALUES). A run id already known returns the first
-        result before anything is read: the same run again changes nothing."""
+        result before anything is read: the same run again changes nothing. In a cluster a
+        run a client posted (not a ``replica`` a peer gives) is acknowledged once it is
+        durable on STRATA_MIN_COPIES nodes (server/replication/node.py)."""
+        cluster = self.cluster
+        if cluster is not None and run_id is None:
+            raise InvalidRunId(
+                "in a cluster a run must carry a run id (?run_id=... over HTTP, RUN_ID in "
+                "COPY): a client that retries it on another node must not make it twice"
+            )
         run_id = run_id or uuid.uuid4().hex
         known = self.run(run_id)
         if known is not None:
-            return self._same_run(known, stream)
-        record = self.stream(stream)
+            known = self._same_run(known, stream)
+            if cluster is not None and not replica:
+                cluster.ensure_copies(known, None)
+            return known
+        record = self._raw_stream(stream)
+        claimed, table = self._claim(record, read_rows, run_id)
+        if cluster is not None and not replica:
+            cluster.ensure_copies(claimed, table)
+        return claimed
+
+    def _raw_stream(self, stream: str) -> StreamRecord:
+        """The raw stream runs are posted to; in a cluster, after catching up with the DDL
+        owner when this node does not know it yet (read-your-DDL on every node)."""
+        try:
+            record = self.stream(stream)
+        except UnknownStream:
+            if self.cluster is None or not self.cluster.catch_up_ddl():
+                raise
+            record = self.stream(stream)
         if not isinstance(record.plan, RawStreamPlan):
             raise NotARawStream(
                 f"stream {stream!r} is derived; post runs to its raw source "
                 f"{' or '.join(repr(s) for s in record.plan.raw_sources)}"
             )
+        return record
+
+    def _claim(
+        self,
+        record: StreamRecord,
+        read_rows: Callable[[RawStreamPlan], pa.Table],
+        run_id: str,
+    ) -> tuple[RunRecord, pa.Table | None]:
+        """Read, spool durably and record a new run of raw stream ``record``; returns its
+        record and rows, or the record of a concurrent request with the same run id that
+        won (and no rows)."""
+        stream = record.name
+        assert isinstance(record.plan, RawStreamPlan)
+        origin = None if self.cluster is None else self.cluster.origin_of(stream)
         with self.pipeline.receiving():
             started = time.perf_counter()
             table = read_rows(record.plan)
@@ -321,17 +405,17 @@ class StrataService:
             path = self.spool.write(seq, _with_run_column(table, seq))
             with self.engine.begin() as connection:
                 claimed = catalog.claim_run(
-                    connection, seq, run_id, stream, table.num_rows, str(path)
+                    connection, seq, run_id, stream, table.num_rows, str(path), origin
                 )
             self.metrics.stage_took("spool", time.perf_counter() - parsed)
             if claimed is None:  # a concurrent request with the same run id won
                 self.spool.remove(path)
                 known = self.run(run_id)
                 assert known is not None
-                return self._same_run(known, stream)
+                return self._same_run(known, stream), None
             self.metrics.run_accepted(claimed.seq)
             self.pipeline.submit(claimed.seq)
-            return claimed
+            return claimed, table
 
     @staticmethod
     def _same_run(known: RunRecord, stream: str) -> RunRecord:

@@ -133,6 +133,40 @@ class Settings(BaseSettings):
     run_wait_timeout: float = Field(
         600.0, description="Seconds a ?wait=true ingest request waits for its run to commit."
     )
+    node: str | None = Field(
+        None,
+        description="This node's unique name in a cluster of Strata nodes (high "
+        "availability). Unset: a single node, no replication.",
+    )
+    peers: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="The HTTP base URLs (comma-separated) at which this node reaches each "
+        "other node of its cluster; they may differ from node to node (e.g. through a proxy).",
+    )
+    ddl_owner: str | None = Field(
+        None,
+        description="The name of the node that orders stream DDL (CREATE, ALTER, DROP STREAM) "
+        "in a cluster; DDL posted to any other node is forwarded to it. Unset: this node.",
+    )
+    min_copies: int = Field(
+        1,
+        ge=1,
+        description="A run is acknowledged only once it is durable on this many nodes: 1 "
+        "acknowledges it once this node holds it (a disk lost before it is replicated loses "
+        "it); 2 loses nothing acknowledged when one node's disk is destroyed.",
+    )
+    replicate_interval: float = Field(
+        0.5,
+        gt=0,
+        description="Seconds between two pulls of a peer's newly committed runs while it "
+        "has none to give.",
+    )
+    peer_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds a request to a peer may take (a peer silent for longer counts "
+        "as unreachable for that request).",
+    )
     # Secrets: SecretStr keeps them out of reprs, tracebacks and logs. Each may instead be
     # read from a file (the same name with _FILE), e.g. a Docker or Kubernetes secret.
     api_token: SecretStr | None = Field(
@@ -164,12 +198,17 @@ class Settings(BaseSettings):
         None, description="File holding STRATA_READER_PASSWORD."
     )
 
-    @field_validator("workers", mode="before")
+    @field_validator("workers", "peers", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(name.strip() for name in value.split(",") if name.strip())
         return value
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this node is one of a cluster (it has a name or peers)."""
+        return self.node is not None or bool(self.peers)
 
     @property
     def spool_dir(self) -> Path:

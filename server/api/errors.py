@@ -13,13 +13,17 @@ from server.errors import (
     Forbidden,
     InvalidRunId,
     NotARawStream,
+    NotTheOwner,
     PayloadTooLarge,
+    ReplicaObsolete,
+    ReplicaTooEarly,
     RunConflict,
     RunFormatError,
     SpoolFull,
     StreamExists,
     StreamInUse,
     Unauthorized,
+    Unavailable,
     UnknownRun,
     UnknownStream,
     UnsupportedContentType,
@@ -41,6 +45,10 @@ STATUS: dict[type[StrataError], int] = {
     InvalidRunId: 400,
     SpoolFull: 429,
     UnsupportedContentType: 415,
+    Unavailable: 503,
+    ReplicaTooEarly: 409,
+    ReplicaObsolete: 410,
+    NotTheOwner: 421,
 }
 
 
@@ -60,7 +68,7 @@ def install(app: FastAPI) -> None:
         if error.position is not None:
             body["line"], body["column"] = error.position
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
-        if isinstance(error, SpoolFull):
+        if isinstance(error, (SpoolFull, Unavailable)):
             headers = {"Retry-After": str(error.retry_after)}
         return JSONResponse(body, status_code=status_of(error), headers=headers)
 

@@ -27,6 +27,11 @@ SCOPES: dict[tuple[str, str], frozenset[Scope]] = {
     ("GET", "/metrics"): frozenset({Scope.READ}),
     # /info carries the database URL Strata itself uses, with its password if it has one.
     ("GET", "/info"): frozenset({Scope.ADMIN}),
+    ("GET", "/cluster"): frozenset({Scope.READ}),
+    # Between nodes (every node has the same STRATA_API_TOKEN): runs' rows and the DDL log.
+    ("GET", "/cluster/log"): frozenset({Scope.ADMIN}),
+    ("GET", "/cluster/runs/{run_id}"): frozenset({Scope.ADMIN}),
+    ("GET", "/cluster/ddl"): frozenset({Scope.ADMIN}),
 }
 
 bearer = HTTPBearer(

@@ -42,7 +42,7 @@ from psycopg import sql
 from pyspark.errors import PySparkException
 
 from rewriter import ParallelAggregatePlan, RawStreamPlan
-from rewriter.naming import raw_archive_table
+from rewriter.naming import CATALOG_SCHEMA, raw_archive_table
 from rewriter.plan import JoinStreamPlan
 from server import catalog, faults
 from server.catalog import PlanCache, RunRecord, StreamRecord, archive_table
@@ -496,7 +496,14 @@ class IngestPipeline:
                         catalog.runs.c.seq.in_([r.seq for r in runs]),
                         catalog.runs.c.status == "pending",
                     )
-                    .values(status="committed", committed_at=sa.func.now())
+                    # The next place in this node's commit log, which peers pull in
+                    # order (server/replication/): one commit stage, so the places are
+                    # taken in the order the commits become visible.
+                    .values(
+                        status="committed",
+                        committed_at=sa.func.now(),
+                        commit_pos=sa.func.nextval(f"{CATALOG_SCHEMA}.commit_pos"),
+                    )
                     .returning(catalog.runs.c.seq)
                 ).scalars()
             )

@@ -26,6 +26,7 @@ from server.errors import (
     StreamInUse,
     TransactionAborted,
     Unauthorized,
+    Unavailable,
     UnknownRun,
     UnknownStream,
     UnsupportedContentType,
@@ -58,6 +59,7 @@ SQLSTATE: dict[type[StrataError], str] = {
     InTransactionBlock: "25001",  # active_sql_transaction
     TransactionAborted: "25P02",  # in_failed_sql_transaction
     CopyFailed: "57014",  # query_canceled, as PostgreSQL answers a CopyFail
+    Unavailable: "57P03",  # cannot_connect_now: retry, here or at another node
 }
 UNREACHABLE = "57P03"  # cannot_connect_now
 INTERNAL = "XX000"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -77,9 +80,36 @@ async def post_run(
     return JSONResponse({"run_id": record.run_id, "status": record.status}, status_code=202)
 
 
-@router.get("/runs/{run_id}", summary="Status of a run")
-async def get_run(run_id: str, service: ServiceDep) -> dict[str, object]:
-    record = await run_in_threadpool(service.run, check_run_id(run_id))
+@router.get(
+    "/runs/{run_id}",
+    summary="Status of a run",
+    description="With wait=true, answers once the run is committed or rejected on this node "
+    "(in a cluster: a run posted to another node, once it has reached this one), or after "
+    "timeout seconds (default STRATA_RUN_WAIT_TIMEOUT) with its status then (404 if this "
+    "node has not heard of it).",
+)
+async def get_run(
+    run_id: str,
+    service: ServiceDep,
+    settings: SettingsDep,
+    wait: bool = False,
+    timeout: float | None = None,
+) -> dict[str, object]:
+    check_run_id(run_id)
+    limit = (
+        settings.run_wait_timeout if timeout is None else min(timeout, settings.run_wait_timeout)
+    )
+    deadline = time.monotonic() + limit
+    record = await run_in_threadpool(service.run, run_id)
+    while wait and (record is None or record.status == "pending"):
+        left = deadline - time.monotonic()
+        if left <= 0 or service.pipeline.stopping:
+            break
+        if record is not None:
+            record = await run_in_threadpool(service.wait, record, left)
+            continue
+        await asyncio.sleep(min(0.05, left))
+        record = await run_in_threadpool(service.run, run_id)
     if record is None:
         raise UnknownRun(f"run {run_id!r} does not exist")
     return record.to_dict()
