@@ -4,6 +4,7 @@ cluster tests (tests/test_cluster.py) and bench/ha.py share."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import threading
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -86,6 +88,17 @@ class Cluster:
         node = self.nodes[name]
         node.stop(signal.SIGKILL)
         node.close()
+        # PostgreSQL's backends outlive their postmaster for a moment: kill them too, as a
+        # dead machine would, and wait until they are gone.
+        root = str(node.data_dir.resolve())
+        left = []
+        for process in psutil.process_iter(["cwd"]):
+            cwd = process.info.get("cwd") or ""
+            if cwd.startswith(root):
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+                left.append(process)
+        psutil.wait_procs(left, timeout=30)
 
     def wipe(self, name: str) -> None:
         """Kill the node and destroy its data directory: it starts again empty, a new

@@ -11,13 +11,16 @@ it, so a node killed, cut off or wiped loses nothing acknowledged.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
+import httpx
 import psycopg
 import pytest
 
 from tests.cluster import NAMES, Clients, Cluster, converged, same_runs
 from tests.oracle import canonical
+from tests.test_e2e import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +61,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         instance.close()
 
 
+@pytest.fixture(scope="module")
+def clients(cluster: Cluster) -> Clients:
+    """One ledger for the module: every node holds the runs of every test before it."""
+    return Clients(cluster)
+
+
 def views_exact(cluster: Cluster, names=NAMES) -> None:
     """On every node, the view equals the batch query over the node's own raw rows, and
     every node's view is the same."""
@@ -73,14 +82,13 @@ def views_exact(cluster: Cluster, names=NAMES) -> None:
     assert all(v == seen[0] for v in seen), "nodes disagree"
 
 
-def test_ddl_anywhere_runs_anywhere_every_node_exact(cluster: Cluster) -> None:
+def test_ddl_anywhere_runs_anywhere_every_node_exact(cluster: Cluster, clients: Clients) -> None:
     # DDL at a node that does not own it is forwarded, and visible there at once.
     response = cluster.ddl("b", RAW)
     assert response.status_code == 201, response.text
     response = cluster.ddl("c", COUNTS)
     assert response.status_code == 201, response.text
     # Read-your-DDL: the next node the client goes to takes runs at once.
-    clients = Clients(cluster)
     for i in range(12):
         clients.post(f"r{i}", body(i), stream="ev", start=i % 3)
     converged(cluster, clients.ledger)
@@ -90,3 +98,164 @@ def test_ddl_anywhere_runs_anywhere_every_node_exact(cluster: Cluster) -> None:
     assert status["node"] == "c" and status["ddl_owner"] == "a"
     assert {p["name"] for p in status["peers"]} == {"a", "b"}
     assert all(p["reachable"] for p in status["peers"])
+
+
+class Load:
+    """Clients posting runs to the cluster until stopped, each starting at another node and
+    failing over; every attempt and acknowledgement logged by ``clients``."""
+
+    def __init__(self, clients: Clients, prefix: str, *, threads: int = 3) -> None:
+        self.clients = clients
+        self.prefix = prefix
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(threads)
+        ]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout=180)
+        if self.errors:
+            raise self.errors[0]
+
+    def _run(self, n: int) -> None:
+        try:
+            while not self.stop.is_set():
+                with self._lock:
+                    i = self.sent
+                    self.sent += 1
+                self.clients.post(f"{self.prefix}{i}", body(i), stream="ev", start=n)
+        except BaseException as error:  # re-raised by __exit__
+            self.errors.append(error)
+
+    def wait_for(self, runs: int, timeout: float = 120) -> None:
+        wait_until(
+            lambda: len(self.clients.ledger.acknowledged) >= runs,
+            f"{runs} runs acked",
+            timeout=timeout,
+        )
+
+
+def test_kill_9_of_a_node_under_ingest_loses_nothing_acknowledged(
+    cluster: Cluster, clients: Clients
+) -> None:
+    seen = len(clients.attempts)
+    with Load(clients, "kill-") as load:
+        load.wait_for(len(clients.ledger.acknowledged) + 10)
+        cluster.kill("b")  # its server and its PostgreSQL
+        before = len(clients.ledger.acknowledged)
+        load.wait_for(before + 15)  # the others keep acknowledging
+        cluster.start(["b"])
+        load.wait_for(len(clients.ledger.acknowledged) + 10)
+    failed_at_b = [
+        a for a in clients.attempts[seen:] if a.node == cluster.nodes["b"].url and a.status is None
+    ]
+    assert failed_at_b, "no client ever met the dead node: the fault did not strike under load"
+    converged(cluster, clients.ledger)
+    same_runs(cluster)
+    views_exact(cluster)
+
+
+def test_a_node_cut_off_acknowledges_nothing_and_catches_up(
+    cluster: Cluster, clients: Clients
+) -> None:
+    cluster.cut("c")
+    try:
+        # Alone, c cannot copy a run to a second node (STRATA_MIN_COPIES=2): no ack.
+        response = httpx.post(
+            f"{cluster.nodes['c'].url}/streams/ev/runs",
+            params={"run_id": "alone-1"},
+            content=body(1000),
+            headers={"content-type": "application/x-ndjson"},
+            timeout=60,
+        )
+        assert response.status_code == 503, response.text
+        clients.ledger.bodies["alone-1"] = ("ev", body(1000))
+        # DDL at c waits for the owner: 503 with Retry-After; DDL at the owner goes on.
+        refused = cluster.ddl(
+            "c", "CREATE STREAM during_cut (x bigint, t timestamptz) WITH (event_time = 't')"
+        )
+        assert refused.status_code == 503 and refused.headers["retry-after"], refused.text
+        made = cluster.ddl(
+            "a", "CREATE STREAM made_in_cut (x bigint, t timestamptz) WITH (event_time = 't')"
+        )
+        assert made.status_code == 201, made.text
+        for i in range(8):  # the majority side keeps taking runs
+            clients.post(f"cut-{i}", body(i + 2000), stream="ev", start=i % 2)
+        assert cluster.status("a")["peers"][1]["reachable"] is False or not all(
+            p["reachable"] for p in cluster.status("a")["peers"]
+        )
+    finally:
+        cluster.heal()
+    converged(cluster, clients.ledger)
+    held = same_runs(cluster)
+    assert "alone-1" in held, "the run c held alone reached the others once healed"
+    views_exact(cluster)
+    wait_until(
+        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/made_in_cut").status_code == 200,
+        "the DDL made during the cut to reach c",
+    )
+
+
+def test_a_wiped_node_starts_empty_and_takes_every_run_from_its_peers(
+    cluster: Cluster, clients: Clients
+) -> None:
+    for i in range(6):
+        clients.post(f"pre-wipe-{i}", body(i + 3000), stream="ev", start=1)  # b took them
+    cluster.wipe("b")
+    with Load(clients, "wipe-") as load:
+        load.wait_for(len(clients.ledger.acknowledged) + 6)
+        cluster.start(["b"])
+        load.wait_for(len(clients.ledger.acknowledged) + 6)
+    converged(cluster, clients.ledger)
+    same_runs(cluster)
+    views_exact(cluster)
+    status = cluster.status("b")
+    assert status["runs"] >= len(clients.ledger.acknowledged)
+
+
+def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: Clients) -> None:
+    assert (
+        cluster.ddl(
+            "b", "CREATE STREAM reborn (x bigint, t timestamptz) WITH (event_time = 't')"
+        ).status_code
+        == 201
+    )
+    old = '{"x": 1, "t": "2026-01-01T00:00:00Z"}\n'
+    for i in range(3):
+        clients.post(f"old-{i}", old, stream="reborn", start=i)
+    cluster.cut("c")  # c misses the DROP and the new CREATE, then hears old runs late
+    try:
+        assert (
+            httpx.delete(f"{cluster.nodes['b'].url}/streams/reborn", timeout=60).status_code == 200
+        )
+        made = cluster.ddl(
+            "a", "CREATE STREAM reborn (y text, t timestamptz) WITH (event_time = 't')"
+        )
+        assert made.status_code == 201, made.text
+        new = '{"y": "new", "t": "2026-01-02T00:00:00Z"}\n'
+        for i in range(3):
+            clients.post(f"new-{i}", new, stream="reborn", start=i % 2)
+    finally:
+        cluster.heal()
+    for name in NAMES:
+        url = cluster.nodes[name].database_url
+
+        def only_new(url: str = url) -> bool:
+            with psycopg.connect(url) as connection:
+                try:
+                    rows = connection.execute("SELECT y FROM reborn").fetchall()
+                except psycopg.errors.UndefinedColumn:
+                    return False  # still the old stream
+            return rows == [("new",)] * 3
+
+        wait_until(only_new, f"node {name} to hold the new stream's runs only", timeout=120)

@@ -148,6 +148,9 @@ class Node:
     def _forward(self, kind: str, text: str) -> dict[str, object]:
         owner = self._owner_peer()
         try:
+            # A quick question first: a silent owner costs STRATA_PEER_TIMEOUT, not the
+            # minutes a statement may take it.
+            owner.hello(self.name, self.incarnation)
             answer = owner.ddl(kind, text)
         except PeerUnreachable:
             raise self._owner_unreachable() from None
