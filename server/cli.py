@@ -187,6 +187,42 @@ def backfill_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def post(args: argparse.Namespace) -> int:
+    """Post a file (or stdin) as one run, to the first of ``--nodes`` that acknowledges it
+    (server/client.py: on a connection error, a timeout or a 5xx, the next node, same run
+    id)."""
+    import hashlib
+
+    from server.client import FailoverClient, NoNodeAnswered, RunRefused
+    from server.security import secret
+
+    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    csv = args.format == "csv" or (args.format is None and str(args.file).endswith(".csv"))
+    # By default the run id is the content's hash: posting the same file again is the
+    # same run, which no node makes twice.
+    run_id = args.run_id or "sha256-" + hashlib.sha256(data).hexdigest()[:32]
+    settings = Settings()  # type: ignore[call-arg]  # from the environment
+    token = secret(settings, "api_token") or secret(settings, "ingest_token")
+    nodes = [u.strip() for u in args.nodes.split(",") if u.strip()]
+    try:
+        with FailoverClient(nodes, token=token, deadline=args.deadline) as client:
+            answer = client.post_run(
+                args.stream,
+                data,
+                run_id=run_id,
+                content_type="text/csv" if csv else "application/x-ndjson",
+                wait=args.wait,
+            )
+    except RunRefused as refused:
+        print(f"strata: {refused}", file=sys.stderr)
+        return 1
+    except NoNodeAnswered as unanswered:
+        print(f"strata: {unanswered}", file=sys.stderr)
+        return 3
+    print(json.dumps(answer))
+    return 0
+
+
 def cluster(args: argparse.Namespace) -> int:
     """Run a Spark standalone cluster on loopback until Ctrl-C (or SIGTERM)."""
     from server.engines.cluster import LocalCluster
@@ -254,6 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     status.add_argument("--data-dir", help="data directory (default ./.strata, STRATA_DATA_DIR)")
     status.set_defaults(run=backfill_status)
+    send = commands.add_parser(
+        "post", help="post a file (or stdin) as one run, failing over between nodes"
+    )
+    send.add_argument("stream", help="the raw stream")
+    send.add_argument("file", nargs="?", default="-", help="NDJSON or CSV file (- : stdin)")
+    send.add_argument(
+        "--nodes",
+        default="http://127.0.0.1:8080",
+        help="the nodes' HTTP URLs, comma-separated, tried in turn (default: this machine)",
+    )
+    send.add_argument("--run-id", help="the run id (default: the hash of the content)")
+    send.add_argument("--format", choices=["ndjson", "csv"], help="default: by file name")
+    send.add_argument("--wait", action="store_true", help="answer once committed")
+    send.add_argument("--deadline", type=float, default=120.0, help="seconds to keep trying (120)")
+    send.set_defaults(run=post)
     spark = commands.add_parser(
         "cluster", help="run a Spark standalone cluster on 127.0.0.1 (for STRATA_SPARK_MASTER)"
     )

@@ -189,3 +189,25 @@ def test_shared_spool_is_mounted_where_executors_run(services: dict[str, Any]) -
     volume = next(str(v).split(":")[0] for v in strata["volumes"] if f":{data_dir}" in str(v))
     mounts = [str(v).split(":")[:2] for v in services["spark-worker"].get("volumes", [])]
     assert [volume, data_dir] in mounts, mounts
+
+
+def test_the_ha_profile_is_a_cluster_of_three_nodes_that_name_each_other(
+    services: dict[str, Any],
+) -> None:
+    nodes = {name: s for name, s in services.items() if "ha" in (s.get("profiles") or [])}
+    assert set(nodes) == {"strata-a", "strata-b", "strata-c"}
+    names = {}
+    for service, spec in nodes.items():
+        env = environment(spec)
+        assert all(k.removeprefix("STRATA_").lower() in Settings.model_fields for k in env), env
+        assert env["STRATA_DDL_OWNER"] == "a" and env["STRATA_MIN_COPIES"] == "2"
+        names[spec["hostname"]] = env["STRATA_NODE"]
+        peers = [urlsplit(u).hostname for u in env["STRATA_PEERS"].split(",")]
+        assert sorted(peers) == sorted(n for n in nodes if n != service), (service, peers)
+        assert strata_subcommand(command(spec))[:2] == ["--host", "0.0.0.0"]
+        # Each node its own data (embedded PostgreSQL, spool): no volume shared.
+        assert len(spec["volumes"]) == 1 and spec["volumes"][0].startswith(f"{service}-data:")
+    assert sorted(names.values()) == ["a", "b", "c"]
+    assert (
+        len({urlsplit(f"http://x:{s['ports'][0].split(':')[0]}").port for s in nodes.values()}) == 3
+    )
