@@ -27,6 +27,7 @@ from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.pgwire.server import SqlPort
+from server.replication.metrics import ClusterCollector
 from server.replication.node import Node
 from server.replication.puller import DdlFollower, Puller
 from server.security import configure_reader, secret, write_private_file
@@ -176,6 +177,7 @@ def assemble(
     if settings.clustered:
         node = Node(settings, service, secret(settings, "api_token"))
         service.cluster = node
+        metrics.registry.register(ClusterCollector(node))
         replication = [Puller(node, peer, settings.replicate_interval) for peer in node.peers]
         if not node.is_owner:
             replication.append(DdlFollower(node, settings.replicate_interval))

@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import psycopg
 import pytest
 
-from tests.cluster import NAMES, Clients, Cluster, converged, same_runs
+from tests.cluster import NAMES, Clients, Cluster, committed_runs, converged, same_runs
 from tests.oracle import canonical
 from tests.test_e2e import wait_until
+from tests.test_upgrade import V0_1_0_ORACLES, make_v0_1_0_data_dir, wrong_views
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +32,7 @@ COUNTS = (
     "CREATE STREAM ev_counts AS SELECT k, count(*) AS n, sum(v) AS total, window_start "
     "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_start"
 )
+NDJSON = {"content-type": "application/x-ndjson"}
 ORACLE = (
     "SELECT k, count(*) AS n, sum(v) AS total, "
     "to_timestamp(floor(extract(epoch FROM t) / 60) * 60) AS window_start FROM ev GROUP BY 1, 4"
@@ -94,6 +98,20 @@ def test_ddl_anywhere_runs_anywhere_every_node_exact(cluster: Cluster, clients: 
     converged(cluster, clients.ledger)
     same_runs(cluster)
     views_exact(cluster)
+    # A reader at c waits for a run posted at a (GET /runs/{id}?wait=true).
+    clients.post("read-elsewhere", body(99), stream="ev", start=0)
+    waited = httpx.get(
+        f"{cluster.nodes['c'].url}/runs/read-elsewhere", params={"wait": "true"}, timeout=60
+    )
+    assert waited.json()["status"] == "committed", waited.text
+    # A run without a run id is refused in a cluster, saying why.
+    anonymous = httpx.post(
+        f"{cluster.nodes['b'].url}/streams/ev/runs", content=body(98), headers=NDJSON, timeout=30
+    )
+    assert anonymous.status_code == 400 and "run id" in anonymous.json()["error"]
+    metrics = httpx.get(f"{cluster.nodes['b'].url}/metrics", timeout=30).text
+    assert 'strata_peer_reachable{peer="a"} 1.0' in metrics
+    assert 'strata_peer_reachable{peer="c"} 1.0' in metrics
     status = cluster.status("c")
     assert status["node"] == "c" and status["ddl_owner"] == "a"
     assert {p["name"] for p in status["peers"]} == {"a", "b"}
@@ -259,3 +277,47 @@ def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: C
             return rows == [("new",)] * 3
 
         wait_until(only_new, f"node {name} to hold the new stream's runs only", timeout=120)
+
+
+def test_a_single_node_of_the_previous_release_becomes_a_clusters_owner(
+    tmp_path: Path,
+) -> None:
+    """0.1.0's data dir (streams, runs, archives) started as node a of a new cluster: b and
+    c, started empty, get its streams and every run, and their views equal the batch
+    queries over their own rows."""
+    cluster = Cluster(tmp_path / "upgrade", env={"STRATA_MIN_COPIES": "2"})
+    try:
+        old = make_v0_1_0_data_dir(cluster.nodes["a"].data_dir / "postgres")
+        old.stop()
+        cluster.start()
+        held = committed_runs(cluster.nodes["a"].database_url)
+        assert held, "0.1.0's data dir has runs"
+        for name in NAMES:
+            node = SimpleNamespace(database_url=cluster.nodes[name].database_url)
+            wait_until(
+                lambda node=node: (
+                    set(held) <= set(committed_runs(node.database_url)) and wrong_views(node) == []
+                ),  # type: ignore[arg-type]
+                f"node {name} to hold 0.1.0's runs with exact views",
+                timeout=180,
+            )
+            assert committed_runs(node.database_url) == held
+        listed = {s["name"] for s in httpx.get(f"{cluster.nodes['c'].url}/streams").json()}
+        assert listed == {"clicks", *V0_1_0_ORACLES}
+        # Ingest goes on, exact, on every node.
+        clients = Clients(cluster)
+        clients.post("after-upgrade", CLICK, stream="clicks", start=2)
+        for name in NAMES:
+            node = SimpleNamespace(database_url=cluster.nodes[name].database_url)
+            wait_until(
+                lambda node=node: (
+                    "after-upgrade" in committed_runs(node.database_url) and wrong_views(node) == []
+                ),  # type: ignore[arg-type]
+                f"node {name} to take the new run",
+                timeout=120,
+            )
+    finally:
+        cluster.close()
+
+
+CLICK = '{"campaign": "c1", "user_id": 7, "price": "1.5", "t": "2025-03-01T00:10:00Z"}\n'
