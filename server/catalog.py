@@ -119,6 +119,7 @@ runs = sa.Table(
     # the DDL position of its stream's CREATE in a cluster.
     sa.Column("commit_pos", sa.BigInteger),
     sa.Column("origin", sa.BigInteger),
+    sa.Column("digest", sa.Text),
 )
 
 stream_progress = sa.Table(
@@ -710,9 +711,11 @@ def claim_run(
     rows: int,
     spool_path: str,
     origin: int | None = None,
+    digest: str | None = None,
 ) -> RunRecord | None:
-    """Record a pending run; None if the run id is taken (the first one wins). ``origin``:
-    in a cluster, the DDL position of the stream's CREATE."""
+    """Record a pending run; None if the run id is taken (the first one wins). ``origin``
+    and ``digest``: in a cluster, the DDL position of the stream's CREATE and the hash of
+    the run's rows (server/replication/digest.py)."""
     statement = (
         sa.dialects.postgresql.insert(runs)
         .values(
@@ -723,6 +726,7 @@ def claim_run(
             rows=rows,
             spool_path=spool_path,
             origin=origin,
+            digest=digest,
         )
         .on_conflict_do_nothing(index_elements=["run_id"])
         .returning(*runs.c)

@@ -48,6 +48,7 @@ from server.ingest.pipeline import IngestPipeline
 from server.ingest.progress import stream_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
+from server.replication.digest import digest
 from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
 
@@ -405,7 +406,14 @@ class StrataService:
             path = self.spool.write(seq, _with_run_column(table, seq))
             with self.engine.begin() as connection:
                 claimed = catalog.claim_run(
-                    connection, seq, run_id, stream, table.num_rows, str(path), origin
+                    connection,
+                    seq,
+                    run_id,
+                    stream,
+                    table.num_rows,
+                    str(path),
+                    origin,
+                    None if self.cluster is None else digest(table),
                 )
             self.metrics.stage_took("spool", time.perf_counter() - parsed)
             if claimed is None:  # a concurrent request with the same run id won

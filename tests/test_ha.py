@@ -224,6 +224,53 @@ def test_a_node_cut_off_acknowledges_nothing_and_catches_up(
     )
 
 
+def test_one_run_id_with_two_bodies_during_a_partition_is_a_conflict_every_node_reports(
+    cluster: Cluster,
+) -> None:
+    """Each node keeps the rows it committed first; every node reports the conflict, both
+    digests and the same choice (the smaller digest)."""
+    cluster.ddl("a", "CREATE STREAM twice (x bigint, t timestamptz) WITH (event_time = 't')")
+    wait_until(
+        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/twice").status_code == 200,
+        "the stream to reach c",
+    )
+    one = '{"x": 1, "t": "2026-01-01T00:00:00Z"}\n'
+    two = '{"x": 2, "t": "2026-01-01T00:00:00Z"}\n'
+    cluster.cut("c")
+    try:
+        alone = httpx.post(
+            f"{cluster.nodes['c'].url}/streams/twice/runs",
+            params={"run_id": "dup", "wait": "true"},
+            content=one,
+            headers=NDJSON,
+            timeout=60,
+        )
+        assert alone.status_code == 503, alone.text  # held by c alone: not acknowledged
+        majority = httpx.post(
+            f"{cluster.nodes['a'].url}/streams/twice/runs",
+            params={"run_id": "dup", "wait": "true"},
+            content=two,
+            headers=NDJSON,
+            timeout=60,
+        )
+        assert majority.status_code == 200, majority.text
+    finally:
+        cluster.heal()
+    reports = {}
+    for name in NAMES:
+
+        def reported(name: str = name) -> bool:
+            found = httpx.get(f"{cluster.nodes[name].url}/runs/dup", timeout=10).json()
+            reports[name] = found.get("conflict")
+            return bool(reports[name]) and len(reports[name]["digests"]) == 2
+
+        wait_until(reported, f"node {name} to report the conflict", timeout=60)
+    assert len({r["chosen"] for r in reports.values()}) == 1
+    assert reports["c"]["held_here"] != reports["a"]["held_here"]
+    assert reports["a"]["held_here"] == reports["b"]["held_here"]
+    assert cluster.status("c")["conflicts"] == 1
+
+
 def test_a_wiped_node_starts_empty_and_takes_every_run_from_its_peers(
     cluster: Cluster, clients: Clients
 ) -> None:
@@ -272,8 +319,8 @@ def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: C
             with psycopg.connect(url) as connection:
                 try:
                     rows = connection.execute("SELECT y FROM reborn").fetchall()
-                except psycopg.errors.UndefinedColumn:
-                    return False  # still the old stream
+                except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable):
+                    return False  # still the old stream, or between the DROP and CREATE
             return rows == [("new",)] * 3
 
         wait_until(only_new, f"node {name} to hold the new stream's runs only", timeout=120)

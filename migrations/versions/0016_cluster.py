@@ -8,9 +8,11 @@ cluster_state holds this node's incarnation (a fresh one per data directory) and
 position of the last stream DDL it applied from the DDL owner's log; ddl_log is that log
 (kept by the owner only); stream_origins names, per stream, the DDL position of the
 CREATE that made it, and runs.origin the same of the stream a run was posted to (runs of a
-dropped and re-created stream never mix); peer_cursors
+dropped and re-created stream never mix), and runs.digest the hash of a run's rows in a
+cluster (the same run id with other rows elsewhere is a conflict); peer_cursors
 says, per peer and incarnation of it, up to which of its commit positions this node has
-every run; run_conflicts keeps each run id two nodes took with different rows.
+every run; run_conflicts keeps each run id two nodes took with different rows (the digest
+kept here and the peer's).
 
 Revision ID: 0016
 Revises: 0015
@@ -32,6 +34,7 @@ def upgrade() -> None:
     op.execute(f"CREATE SEQUENCE IF NOT EXISTS {CATALOG}.commit_pos")
     op.execute(f"ALTER TABLE {CATALOG}.runs ADD COLUMN IF NOT EXISTS commit_pos bigint")
     op.execute(f"ALTER TABLE {CATALOG}.runs ADD COLUMN IF NOT EXISTS origin bigint")
+    op.execute(f"ALTER TABLE {CATALOG}.runs ADD COLUMN IF NOT EXISTS digest text")
     op.execute(
         f"UPDATE {CATALOG}.runs SET commit_pos = seq "
         "WHERE status = 'committed' AND commit_pos IS NULL"
@@ -78,4 +81,5 @@ def downgrade() -> None:
     op.execute(f"DROP INDEX IF EXISTS {CATALOG}.runs_commit_pos")
     op.execute(f"ALTER TABLE {CATALOG}.runs DROP COLUMN IF EXISTS commit_pos")
     op.execute(f"ALTER TABLE {CATALOG}.runs DROP COLUMN IF EXISTS origin")
+    op.execute(f"ALTER TABLE {CATALOG}.runs DROP COLUMN IF EXISTS digest")
     op.execute(f"DROP SEQUENCE IF EXISTS {CATALOG}.commit_pos")

@@ -26,7 +26,7 @@ def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table) -> int:
     buffer = io.BytesIO()
     # Nulls are written as unquoted empty fields and empty strings as "" - exactly the
     # distinction PostgreSQL's CSV COPY makes.
-    pa_csv.write_csv(_utc_text(data), buffer, pa_csv.WriteOptions(include_header=False))
+    pa_csv.write_csv(utc_text(data), buffer, pa_csv.WriteOptions(include_header=False))
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         internal_table(table), sql.SQL(", ").join(sql.Identifier(c) for c in data.column_names)
     )
@@ -37,7 +37,7 @@ def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table) -> int:
     return data.num_rows
 
 
-def _utc_text(data: pa.Table) -> pa.Table:
+def utc_text(data: pa.Table) -> pa.Table:
     """``data`` with its zoned timestamps as UTC text (``2024-01-01 00:00:00.000000+00``).
     Arrow's CSV writer formats a zoned timestamp through a time-zone lookup per value,
     which made it most of the time of writing a run; the zone-less cast keeps the UTC

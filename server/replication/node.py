@@ -43,6 +43,7 @@ from server.errors import (
 from server.ingest.archive import copy_out
 from server.ingest.parse import arrow_schema
 from server.replication import state
+from server.replication.digest import digest
 from server.replication.peers import Peer, PeerRefused, PeerUnreachable
 from server.service import StrataService, Within
 from server.settings import Settings
@@ -251,11 +252,17 @@ class Node:
             return state.origins(connection).get(stream)
 
     def accept_replica(
-        self, stream: str, run_id: str, origin: int | None, table: pa.Table
+        self,
+        stream: str,
+        run_id: str,
+        origin: int | None,
+        table: pa.Table,
+        peer: str = "a peer",
     ) -> RunRecord:
         """Take a peer's copy of a run (POST /cluster/runs/{stream}) like any other run."""
         known = self.service.run(run_id)
         if known is not None:
+            self.compare(run_id, peer, self._digest_of(run_id), digest(table))
             return known
         if origin is not None and self.origin_of(stream) != origin:
             self.catch_up_ddl()
@@ -282,6 +289,42 @@ class Node:
             return table.cast(schema)
 
         return self.service.submit_rows(stream, conform, run_id, replica=True)
+
+    def _digest_of(self, run_id: str) -> str | None:
+        with self.engine.connect() as connection:
+            return state.known_runs(connection, [run_id]).get(run_id)
+
+    def compare(self, run_id: str, peer: str, here: str | None, there: object) -> None:
+        """Note a conflict when a peer holds run ``run_id`` with other rows (``there``,
+        its digest) than this node (``here``)."""
+        if here is None or there is None or here == there:
+            return
+        log.warning(
+            "run %s: rows of digest %s here, %s at %s (the same run id with other rows)",
+            run_id,
+            here[:12],
+            str(there)[:12],
+            peer,
+        )
+        with self.engine.begin() as connection:
+            state.note_conflict(connection, run_id, peer, here, str(there))
+
+    def conflict(self, run_id: str) -> dict[str, object] | None:
+        """What GET /runs/{id} says of a run id two nodes took with different rows: every
+        digest seen, the one the cluster's rule chooses (the smallest) and the one held
+        here; None without a conflict."""
+        with self.engine.connect() as connection:
+            noted = state.conflicts_of(connection, run_id)
+        if not noted:
+            return None
+        held = noted[0][1]
+        digests = sorted({held, *(other for _, _, other in noted)})
+        return {
+            "digests": digests,
+            "chosen": digests[0],
+            "held_here": held,
+            "peers": sorted(peer for peer, _, _ in noted),
+        }
 
     def rows_of(self, run_id: str) -> tuple[RunRecord, pa.Table]:
         """A run this node holds, with its rows (from the spool while it is pending, from
@@ -318,7 +361,7 @@ class Node:
         # Reachable peers first: a dead one costs a timeout.
         for peer in sorted(self.peers, key=lambda p: not p.reachable):
             try:
-                peer.offer(record.stream, record.run_id, origin, table)
+                peer.offer(record.stream, record.run_id, origin, table, self.name)
             except (PeerUnreachable, PeerRefused) as failed:
                 log.warning("run %s: no copy at %s: %s", record.run_id, peer.url, failed)
                 continue
@@ -394,6 +437,7 @@ class Node:
                 "commit_position": position,
                 "runs": state.committed_count(connection),
                 "ddl_applied": state.ddl_applied(connection),
+                "conflicts": state.conflict_count(connection),
                 "peers": peers,
             }
 

@@ -116,9 +116,9 @@ class Peer:
     def rows(self, run_id: str) -> pa.Table:
         return table_of(self.request("GET", f"/cluster/runs/{run_id}").content)
 
-    def offer(self, stream: str, run_id: str, origin: int | None, table: pa.Table) -> None:
+    def offer(self, stream: str, run_id: str, origin: int | None, table: pa.Table, me: str) -> None:
         """Give the peer a copy of a run; returns once it holds it durably."""
-        params: dict[str, object] = {"run_id": run_id}
+        params: dict[str, object] = {"run_id": run_id, "node": me}
         if origin is not None:
             params["origin"] = origin
         self.request(

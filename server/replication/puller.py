@@ -74,7 +74,9 @@ class Puller(Background):
         done = cursor
         for run in runs:
             run_id = str(run["run_id"])
-            if run_id not in known and not self._take(run):
+            if run_id in known:
+                self.node.compare(run_id, peer.name, known[run_id], run.get("digest"))
+            elif not self._take(run):
                 break
             done = int(run["pos"])
             if self._stopping.is_set():

@@ -66,6 +66,7 @@ class Committed:
     seq: int
     rows: int
     origin: int | None  # the DDL position of its stream's CREATE
+    digest: str | None  # of its rows (server/replication/digest.py)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -74,6 +75,7 @@ class Committed:
             "stream": self.stream,
             "rows": self.rows,
             "origin": self.origin,
+            "digest": self.digest,
         }
 
 
@@ -163,7 +165,13 @@ def committed_after(connection: sa.Connection, pos: int, limit: int) -> list[Com
     was created again, are left out)."""
     rows = connection.execute(
         sa.select(
-            runs.c.commit_pos, runs.c.run_id, runs.c.stream, runs.c.seq, runs.c.rows, runs.c.origin
+            runs.c.commit_pos,
+            runs.c.run_id,
+            runs.c.stream,
+            runs.c.seq,
+            runs.c.rows,
+            runs.c.origin,
+            runs.c.digest,
         )
         .select_from(runs.outerjoin(stream_origins, stream_origins.c.stream == runs.c.stream))
         .where(
@@ -173,15 +181,61 @@ def committed_after(connection: sa.Connection, pos: int, limit: int) -> list[Com
         .order_by(runs.c.commit_pos)
         .limit(limit)
     ).all()
-    return [Committed(r.commit_pos, r.run_id, r.stream, r.seq, r.rows, r.origin) for r in rows]
+    return [
+        Committed(r.commit_pos, r.run_id, r.stream, r.seq, r.rows, r.origin, r.digest) for r in rows
+    ]
 
 
-def known_runs(connection: sa.Connection, run_ids: list[str]) -> set[str]:
-    """Which of ``run_ids`` this node has a record of (pending, committed or rejected)."""
+def known_runs(connection: sa.Connection, run_ids: list[str]) -> dict[str, str | None]:
+    """Which of ``run_ids`` this node has a record of (pending, committed or rejected),
+    with the digest of its rows."""
     if not run_ids:
-        return set()
-    return set(
-        connection.execute(sa.select(runs.c.run_id).where(runs.c.run_id.in_(run_ids))).scalars()
+        return {}
+    rows = connection.execute(
+        sa.select(runs.c.run_id, runs.c.digest).where(runs.c.run_id.in_(run_ids))
+    ).all()
+    return {r.run_id: r.digest for r in rows}
+
+
+run_conflicts = sa.Table(
+    "run_conflicts",
+    _meta,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("peer", sa.Text, primary_key=True),
+    sa.Column("kept", sa.Text),
+    sa.Column("other", sa.Text),
+    sa.Column("noted_at", sa.DateTime(timezone=True)),
+)
+
+
+def note_conflict(connection: sa.Connection, run_id: str, peer: str, kept: str, other: str) -> None:
+    """Run ``run_id`` has rows of digest ``kept`` here and of ``other`` at ``peer``."""
+    statement = sa.dialects.postgresql.insert(run_conflicts).values(
+        run_id=run_id, peer=peer, kept=kept, other=other, noted_at=sa.func.now()
+    )
+    connection.execute(
+        statement.on_conflict_do_update(
+            index_elements=[run_conflicts.c.run_id, run_conflicts.c.peer],
+            set_={"kept": kept, "other": other, "noted_at": sa.func.now()},
+        )
+    )
+
+
+def conflicts_of(connection: sa.Connection, run_id: str) -> list[tuple[str, str, str]]:
+    """(peer, digest kept here, the peer's digest) of each conflict noted for a run."""
+    rows = connection.execute(
+        sa.select(run_conflicts.c.peer, run_conflicts.c.kept, run_conflicts.c.other).where(
+            run_conflicts.c.run_id == run_id
+        )
+    ).all()
+    return [(r.peer, r.kept, r.other) for r in rows]
+
+
+def conflict_count(connection: sa.Connection) -> int:
+    return int(
+        connection.execute(
+            sa.select(sa.func.count(sa.distinct(run_conflicts.c.run_id)))
+        ).scalar_one()
     )
 
 

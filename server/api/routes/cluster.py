@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from server.api.deps import ServiceDep, SettingsDep
+from server.api.deps import ServiceDep
 from server.errors import UnknownStream
 from server.ingest.admission import check_run_id
 from server.replication.node import Node
@@ -61,14 +61,14 @@ async def copy_of_run(
     stream: str,
     request: Request,
     service: ServiceDep,
-    settings: SettingsDep,
     run_id: str,
     origin: int | None = None,
+    node: str = "a peer",
 ) -> JSONResponse:
     body = await request.body()
     table = await run_in_threadpool(table_of, body)
     record = await run_in_threadpool(
-        _node(service).accept_replica, stream, check_run_id(run_id), origin, table
+        _node(service).accept_replica, stream, check_run_id(run_id), origin, table, node
     )
     return JSONResponse({"run_id": record.run_id, "status": record.status}, status_code=202)
 

@@ -112,4 +112,9 @@ async def get_run(
         record = await run_in_threadpool(service.run, run_id)
     if record is None:
         raise UnknownRun(f"run {run_id!r} does not exist")
-    return record.to_dict()
+    shown = record.to_dict()
+    if service.cluster is not None:
+        conflict = await run_in_threadpool(service.cluster.conflict, run_id)
+        if conflict is not None:
+            shown["conflict"] = conflict
+    return shown
