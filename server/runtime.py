@@ -179,8 +179,7 @@ def assemble(
         service.cluster = node
         metrics.registry.register(ClusterCollector(node))
         replication = [Puller(node, peer, settings.replicate_interval) for peer in node.peers]
-        if not node.is_owner:
-            replication.append(DdlFollower(node, settings.replicate_interval))
+        replication.append(DdlFollower(node, settings.replicate_interval))
     return Runtime(
         settings, database_url, engine, backend, service, sql_port, warmup, workers, replication
     )

@@ -11,6 +11,9 @@ it, so a node killed, cut off or wiped loses nothing acknowledged.
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,18 +277,31 @@ def test_one_run_id_with_two_bodies_during_a_partition_is_a_conflict_every_node_
 def test_a_wiped_node_starts_empty_and_takes_every_run_from_its_peers(
     cluster: Cluster, clients: Clients
 ) -> None:
+    """The node wiped is a, the DDL owner: it takes its DDL log back from b and c before
+    it orders anything new, then every run; DDL goes on at the positions that follow."""
     for i in range(6):
-        clients.post(f"pre-wipe-{i}", body(i + 3000), stream="ev", start=1)  # b took them
-    cluster.wipe("b")
+        clients.post(f"pre-wipe-{i}", body(i + 3000), stream="ev", start=0)  # a took them
+    before = cluster.status("b")["ddl_applied"]
+    cluster.wipe("a")
     with Load(clients, "wipe-") as load:
         load.wait_for(len(clients.ledger.acknowledged) + 6)
-        cluster.start(["b"])
+        cluster.start(["a"])
         load.wait_for(len(clients.ledger.acknowledged) + 6)
     converged(cluster, clients.ledger)
     same_runs(cluster)
     views_exact(cluster)
-    status = cluster.status("b")
+    status = cluster.status("a")
     assert status["runs"] >= len(clients.ledger.acknowledged)
+    assert status["ddl_applied"] == before, "the owner took its DDL log back"
+    made = cluster.ddl(
+        "c", "CREATE STREAM after_wipe (x bigint, t timestamptz) WITH (event_time = 't')"
+    )
+    assert made.status_code == 201, made.text
+    for name in NAMES:
+        wait_until(
+            lambda name=name: cluster.status(name)["ddl_applied"] == before + 1,
+            f"node {name} to apply the statement after the owner's recovery",
+        )
 
 
 def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: Clients) -> None:
@@ -368,3 +384,91 @@ def test_a_single_node_of_the_previous_release_becomes_a_clusters_owner(
 
 
 CLICK = '{"campaign": "c1", "user_id": 7, "price": "1.5", "t": "2025-03-01T00:10:00Z"}\n'
+
+
+# ---- the long part (python3 dev.py test --slow) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Clients]]:
+    instance = Cluster(tmp_path_factory.mktemp("long"), env={"STRATA_MIN_COPIES": "2"})
+    try:
+        instance.start()
+        assert instance.ddl("b", RAW).status_code == 201
+        assert instance.ddl("c", COUNTS).status_code == 201
+        yield instance, Clients(instance)
+    finally:
+        instance.close()
+
+
+@pytest.mark.slow
+def test_a_node_stopped_with_sigstop_under_ingest(long_cluster: tuple[Cluster, Clients]) -> None:
+    cluster, clients = long_cluster
+    process = cluster.nodes["c"].process
+    assert process is not None
+    with Load(clients, "sigstop-") as load:
+        load.wait_for(len(clients.ledger.acknowledged) + 5)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            load.wait_for(len(clients.ledger.acknowledged) + 15)  # the others go on
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        load.wait_for(len(clients.ledger.acknowledged) + 5)
+    converged(cluster, clients.ledger)
+    same_runs(cluster)
+    views_exact(cluster)
+
+
+@pytest.mark.slow
+def test_a_rolling_restart_under_load(long_cluster: tuple[Cluster, Clients]) -> None:
+    cluster, clients = long_cluster
+    with Load(clients, "rolling-") as load:
+        for name in NAMES:
+            load.wait_for(len(clients.ledger.acknowledged) + 5)
+            assert cluster.nodes[name].stop() == 0  # SIGTERM: a clean stop
+            load.wait_for(len(clients.ledger.acknowledged) + 5)
+            cluster.start([name])
+    converged(cluster, clients.ledger)
+    same_runs(cluster)
+    views_exact(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_random_schedule_of_faults_under_load(
+    long_cluster: tuple[Cluster, Clients], seed: int
+) -> None:
+    """Kill -9, wipe, partitions (blackhole, drop, delay) and pauses, chosen at random,
+    one node at a time, each for a few seconds of ingest; then the set check."""
+    cluster, clients = long_cluster
+    rng = random.Random(seed)
+    tried = []
+    with Load(clients, f"random-{seed}-") as load:
+        for _ in range(6):
+            name, fault = (
+                rng.choice(NAMES),
+                rng.choice(["kill", "wipe", "blackhole", "drop", "delay", "pause"]),
+            )
+            tried.append((name, fault))
+            load.wait_for(len(clients.ledger.acknowledged) + 3)
+            process = cluster.nodes[name].process
+            if fault in ("kill", "wipe"):
+                cluster.wipe(name) if fault == "wipe" else cluster.kill(name)
+                load.wait_for(len(clients.ledger.acknowledged) + 5)
+                cluster.start([name])
+            elif fault == "pause":
+                assert process is not None
+                os.kill(process.pid, signal.SIGSTOP)
+                load.wait_for(len(clients.ledger.acknowledged) + 5)
+                os.kill(process.pid, signal.SIGCONT)
+            else:
+                for (x, y), proxy in cluster.proxies.items():
+                    if name in (x, y):
+                        proxy.set(fault, delay=0.5)
+                load.wait_for(len(clients.ledger.acknowledged) + 5)
+                cluster.heal()
+    converged(cluster, clients.ledger)
+    same_runs(cluster)
+    views_exact(cluster)
+    assert len(tried) == 6, tried

@@ -70,6 +70,8 @@ class Node:
         self.min_copies = settings.min_copies
         self.peers = [Peer(url, token, settings.peer_timeout) for url in settings.peers]
         self._ddl_lock = threading.Lock()  # one statement applied at a time
+        # The owner orders new DDL only once it holds the cluster's log (see recover_ddl).
+        self._log_held = not self.is_owner
         with self.engine.connect() as connection:
             self.incarnation = state.incarnation(connection)
 
@@ -85,6 +87,7 @@ class Node:
 
     def create_stream(self, text: str) -> StreamRecord:
         if self.is_owner:
+            self.recover_ddl()
             with self._ddl_lock:
                 return self.service.apply_create(text, self._logged("create", text))
         answer = self._forward("create", text)
@@ -93,6 +96,7 @@ class Node:
 
     def alter_stream(self, text: str) -> dict[str, object]:
         if self.is_owner:
+            self.recover_ddl()
             with self._ddl_lock:
                 return self.service.apply_alter(text, self._logged("alter", text))
         answer = self._forward("alter", text)
@@ -103,6 +107,7 @@ class Node:
 
     def drop_stream(self, name: str) -> None:
         if self.is_owner:
+            self.recover_ddl()
             with self._ddl_lock:
                 self.service.apply_drop(name, self._logged("drop", name))
             return
@@ -132,8 +137,7 @@ class Node:
         return answer
 
     def ddl_after(self, pos: int) -> list[state.DdlEntry]:
-        if not self.is_owner:
-            raise NotTheOwner(f"node {self.name!r} keeps no DDL log: {self.owner!r} does")
+        """This node's copy of the DDL log after ``pos`` (the owner's is the reference)."""
         with self.engine.connect() as connection:
             return state.ddl_after(connection, pos)
 
@@ -205,6 +209,7 @@ class Node:
 
     def _apply(self, entry: state.DdlEntry) -> None:
         def within(connection: sa.Connection, name: str) -> None:
+            state.insert_ddl(connection, entry)
             _record(connection, entry.kind, name, entry.pos)
 
         log.info("applying DDL %d of %s: %s %s", entry.pos, self.owner, entry.kind, entry.stream)
@@ -221,17 +226,55 @@ class Node:
             with self.engine.begin() as connection:
                 within(connection, entry.stream)
 
+    def recover_ddl(self) -> None:
+        """On an owner that holds no DDL log and no stream (a new cluster's, or one whose
+        data directory was lost): take the log back from the peers before ordering any
+        new statement, so that positions are never given twice. Every peer must answer
+        (one of them may lag behind another); the longest log is taken. Raises
+        Unavailable until then."""
+        if self._log_held:
+            return
+        logs: list[list[state.DdlEntry]] = []
+        for peer in self.peers:
+            try:
+                peer.hello(self.name, self.incarnation)
+                entries = peer.ddl_after(0)["entries"]
+            except (PeerUnreachable, PeerRefused) as failed:
+                raise Unavailable(
+                    f"the DDL owner {self.name!r} started without its DDL log and takes it back "
+                    f"from every peer first; {peer.url} is unreachable ({failed}): retry later",
+                    retry_after=2,
+                ) from None
+            assert isinstance(entries, list)
+            logs.append([state.DdlEntry(**entry) for entry in entries])
+        with self._ddl_lock:
+            if self._log_held:
+                return
+            longest = max(logs, key=len, default=[])
+            for entry in longest:
+                self._apply(entry)
+            with self.engine.begin() as connection:
+                state.continue_ddl_log(connection)
+            if longest:
+                log.info("took the DDL log back from the peers: %d statements", len(longest))
+            self._log_held = True
+
     def seed_ddl_log(self) -> None:
         """On the owner, once: the streams it held before it was a cluster's, as the first
         entries of the log (a single node upgraded into a cluster keeps its streams and
-        runs, and gives both to the nodes that join it)."""
+        runs, and gives both to the nodes that join it). An owner with neither log nor
+        streams takes the log from its peers (recover_ddl)."""
         if not self.is_owner:
             return
         with self._ddl_lock, self.engine.begin() as connection:
             catalog.lock_ddl(connection)
             if state.ddl_logged(connection):
+                self._log_held = True
                 return
             records = self.service.plans.load(connection)
+            if not records:
+                return  # recover_ddl, before the first statement
+            self._log_held = True
             made_with = {c for n in records for c in (join_rows_stream(n), inner_stream(n))}
             for record in records.values():
                 if record.name in made_with:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from server.errors import ReplicaObsolete, ReplicaTooEarly
+from server.errors import ReplicaObsolete, ReplicaTooEarly, Unavailable
 from server.replication import state
 from server.replication.node import Node
 from server.replication.peers import Peer, PeerRefused, PeerUnreachable
@@ -107,7 +107,8 @@ class Puller(Background):
 
 
 class DdlFollower(Background):
-    """Applies the DDL owner's log on a node that is not the owner."""
+    """Applies the DDL owner's log on a node that is not the owner; on the owner, takes
+    the log back from the peers if it started without one (Node.recover_ddl)."""
 
     name = "ddl-follower"
 
@@ -119,6 +120,11 @@ class DdlFollower(Background):
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval):
             try:
-                self.node.catch_up_ddl()
+                if self.node.is_owner:
+                    self.node.recover_ddl()
+                else:
+                    self.node.catch_up_ddl()
+            except Unavailable:
+                pass  # a peer is out of reach: the next round tries again
             except Exception:
                 self.log.exception("applying the DDL of %s failed; retrying", self.node.owner)

@@ -111,6 +111,27 @@ def append_ddl(connection: sa.Connection, kind: str, stream: str, text: str) -> 
     return int(pos)
 
 
+def insert_ddl(connection: sa.Connection, entry: DdlEntry) -> None:
+    """Keep an entry of the owner's log at its place (every node keeps a copy of the log,
+    from which an owner started again empty takes it back)."""
+    statement = sa.dialects.postgresql.insert(ddl_log).values(
+        pos=entry.pos, kind=entry.kind, stream=entry.stream, sql=entry.sql
+    )
+    connection.execute(statement.on_conflict_do_nothing(index_elements=[ddl_log.c.pos]))
+
+
+def continue_ddl_log(connection: sa.Connection) -> None:
+    """Let the next appended entry follow the last one kept (after insert_ddl)."""
+    connection.execute(
+        sa.select(
+            sa.func.setval(
+                sa.func.pg_get_serial_sequence(f"{CATALOG_SCHEMA}.ddl_log", "pos"),
+                sa.func.greatest(sa.select(sa.func.max(ddl_log.c.pos)).scalar_subquery(), 1),
+            )
+        )
+    )
+
+
 def ddl_after(connection: sa.Connection, pos: int, limit: int = 1000) -> list[DdlEntry]:
     rows = connection.execute(
         sa.select(ddl_log).where(ddl_log.c.pos > pos).order_by(ddl_log.c.pos).limit(limit)
