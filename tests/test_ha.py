@@ -435,7 +435,7 @@ def test_a_rolling_restart_under_load(long_cluster: tuple[Cluster, Clients]) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 8])  # together every fault, the owner wiped too
 def test_a_random_schedule_of_faults_under_load(
     long_cluster: tuple[Cluster, Clients], seed: int
 ) -> None:
