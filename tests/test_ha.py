@@ -101,6 +101,30 @@ def test_ddl_anywhere_runs_anywhere_every_node_exact(cluster: Cluster, clients: 
     converged(cluster, clients.ledger)
     same_runs(cluster)
     views_exact(cluster)
+    # The SQL port too: DDL at c (not the owner) and a COPY with its run id at b.
+    with psycopg.connect(cluster.nodes["c"].psql_url, autocommit=True) as sql_port:
+        sql_port.execute("CREATE STREAM over_sql (x bigint, t timestamptz) WITH (event_time = 't')")
+    with psycopg.connect(cluster.nodes["b"].psql_url, autocommit=True) as sql_port:
+        copied = "".join(f"k{i},{i},2026-01-01T00:00:0{i}Z\n" for i in range(3))
+        with sql_port.cursor().copy(
+            "COPY ev (k, v, t) FROM STDIN WITH (FORMAT csv, RUN_ID 'copied-at-b')"
+        ) as copy:
+            copy.write(copied)
+        anonymous = "COPY ev (k, v, t) FROM STDIN WITH (FORMAT csv)"
+        with (
+            pytest.raises(psycopg.Error, match="run id"),
+            sql_port.cursor().copy(anonymous) as copy,
+        ):
+            copy.write(copied)
+    clients.ledger.bodies["copied-at-b"] = ("ev", copied)
+    clients.ledger.acknowledged.add("copied-at-b")
+    for name in NAMES:
+        wait_until(
+            lambda name=name: (
+                httpx.get(f"{cluster.nodes[name].url}/streams/over_sql").status_code == 200
+            ),
+            f"the stream made over c's SQL port to reach {name}",
+        )
     # A reader at c waits for a run posted at a (GET /runs/{id}?wait=true).
     clients.post("read-elsewhere", body(99), stream="ev", start=0)
     waited = httpx.get(
