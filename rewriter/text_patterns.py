@@ -7,9 +7,11 @@ ASCII, once two defaults are aligned: PostgreSQL's ``.`` matches a newline and i
 only the very end (Java: DOTALL off, ``$`` also before a final newline). Where PostgreSQL
 reports *which* text matched (substring, regexp_match, regexp_replace), it takes the
 longest match with alternation and follows other rules for lazy quantifiers, while Java
-takes the first alternative: those two are refused there (they stay allowed in ``~``,
-which only asks whether anything matches), and so is a quantified group holding a capture
-group (PostgreSQL gives NULL for a group that did not take part, Spark an empty string).
+takes the first alternative: there, lazy quantifiers are refused, and alternation is
+accepted only where rewriter.regex_choices proves both engines choose the same match
+(both stay allowed in ``~``, which only asks whether anything matches); so is a
+quantified group holding a capture group refused (PostgreSQL gives NULL for a group that
+did not take part, Spark an empty string), and a capture group inside an alternative.
 
 to_char(): the fields below, each evaluated by Spark as PostgreSQL writes it (English
 names; Month and Day blank-padded to 9 characters unless FM), with non-letters and
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
+
+from rewriter.regex_choices import Nondeterministic, capture_in_alternative, check_choices
 
 
 class PatternRefused(Exception):
@@ -46,6 +50,7 @@ def regex(pattern: str, *, extracting: bool) -> Regex:
     reports which text matched (so alternation and lazy quantifiers are refused)."""
     out = ["(?s)"]  # PostgreSQL's . matches newlines
     groups = 0
+    alternation = False
     stack: list[bool] = []  # per open group: whether it holds a capture group
     k = 0
     n = len(pattern)
@@ -100,12 +105,8 @@ def regex(pattern: str, *, extracting: bool) -> Regex:
                     "string); make the group's content optional instead"
                 )
             continue
-        if c == "|" and extracting:
-            raise PatternRefused(
-                "alternation (|) is not supported where the matched text is returned "
-                "(PostgreSQL takes the longest alternative, Spark the first); use a bracket "
-                "class such as [?&], or ~ to test for a match"
-            )
+        if c == "|":
+            alternation = True
         if c in "*+?}" and k + 1 < n and pattern[k + 1] in "+":
             raise PatternRefused(f"the quantifier {pattern[k : k + 2]!r} is not supported")
         if c in "*+?}" and k + 1 < n and pattern[k + 1] == "?" and extracting:
@@ -133,7 +134,30 @@ def regex(pattern: str, *, extracting: bool) -> Regex:
         k += 1
     if stack:
         raise PatternRefused("unbalanced ( in the regular expression")
+    if extracting and alternation:
+        _check_alternation(pattern)
     return Regex("".join(out), groups)
+
+
+def _check_alternation(pattern: str) -> None:
+    """Alternation where the matched text is returned: only where PostgreSQL's longest
+    match and Java's first are provably the same (rewriter.regex_choices)."""
+    try:
+        check_choices(pattern)
+    except Nondeterministic as why:
+        raise PatternRefused(
+            f"alternation (|) is supported where the matched text is returned only when "
+            f"PostgreSQL (longest match) and Spark (first alternative) must agree, and {why}; "
+            "make the alternatives start differently (e.g. (&|^)name=, [?&]name=), or use "
+            "~ to test for a match"
+        ) from None
+    inside = capture_in_alternative(pattern)
+    if inside is not None:
+        raise PatternRefused(
+            f"a capture group inside an alternative of {inside!r} is not supported (PostgreSQL "
+            "gives NULL for a group whose alternative was not taken, Spark an empty "
+            "string); put the alternation inside the group, e.g. (a|b)"
+        )
 
 
 def _bracket_end(pattern: str, start: int) -> int:

@@ -93,7 +93,7 @@ def pg(pg_url: str) -> Iterator[psycopg.Connection]:
     texts=st.lists(_TEXTS, min_size=5, max_size=12),
 )
 @settings(
-    max_examples=examples(6),
+    max_examples=examples(4),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -144,13 +144,13 @@ def urls(draw: st.DrawFn) -> str:
     bids=st.lists(
         st.tuples(urls(), st.sampled_from(["Apple", "baidu", "web"]), st.integers(0, 3 * 3600)),
         min_size=2,
-        max_size=25,
+        max_size=15,
     ).filter(lambda bids: len({t for *_, t in bids}) > 1),
-    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(2, 6), min_size=1, max_size=3),
     order=st.randoms(use_true_random=False),
 )
 @settings(
-    max_examples=examples(5),
+    max_examples=examples(3),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -193,7 +193,10 @@ def test_q21_and_a_count_by_channel_id_equal_their_batch_after_every_run(
         for k, (url, channel, t) in enumerate(bids)
     ]
     order.shuffle(rows)
-    runs = with_a_late_run(list(cut(rows, cuts)), lambda row: row["date_time"])
+    runs = list(cut(rows, cuts))
+    if len(runs) < 2:
+        runs = [rows[:1], rows[1:]]
+    runs = with_a_late_run(runs, lambda row: row["date_time"])
     compared: dict[str, int] = {}
     for run in runs:
         strata.ingest(bid, ndjson(run))
@@ -215,7 +218,7 @@ def test_q21_channel_ids_are_postgresqls(module_strata: Strata) -> None:
     )
     strata.create(
         f"CREATE STREAM ids_{n} AS SELECT {_CHANNEL_ID} AS channel_id, count(*) AS bids "
-        f"FROM TUMBLE({bid}, date_time, INTERVAL '1 hour') GROUP BY {_CHANNEL_ID}"
+        f"FROM {bid} GROUP BY {_CHANNEL_ID}"
     )
     urls = ["channel_id=1", "a=2&channel_id=3&b", "x_channel_id=4", "b=5", "&channel_id=&"]
     strata.ingest(
@@ -236,7 +239,7 @@ def test_q21_channel_ids_are_postgresqls(module_strata: Strata) -> None:
 REFUSED = [
     ("(regexp_match(url, '(a|ab)c'))[1]", "the alternatives of 'a|ab' can match at the same"),
     ("substring(url FROM '(?:x|x=)y')", "the alternatives of 'x|x='"),
-    ("(regexp_match(url, '(?:b?|a)c'))[1]", "an alternative of 'b?|a' other than the last"),
+    ("(regexp_match(url, 'x(?:b?|a)'))[1]", "an alternative of 'b?|a' other than the last"),
     ("(regexp_match(url, '(a)|b'))[1]", "a capture group inside an alternative of '(a)|b'"),
     ("regexp_replace(url, '(?:a|ab)', '', 'g')", "the alternatives of 'a|ab'"),
     ("(regexp_match(url, 'a|.*'))[1]", "the alternatives of 'a|.*'"),
