@@ -94,7 +94,7 @@ _Q14 = f"""SELECT auction, bidder, 0.908 * price AS price,
        ELSE 'otherTime' END AS bid_time_type,
   date_time, extra, length(extra) - length(replace(extra, 'c', '')) AS c_counts
 FROM bid WHERE 0.908 * price > 1000000 AND 0.908 * price < 50000000"""
-_CHANNEL_ID = "substring(url FROM '[?&]channel_id=([^&]*)')"
+_CHANNEL_ID = "(regexp_match(url, '(&|^)channel_id=([^&]*)'))[2]"
 _Q21 = f"""SELECT auction, bidder, price, channel,
   CASE WHEN lower(channel) = 'apple' THEN '0' WHEN lower(channel) = 'google' THEN '1'
        WHEN lower(channel) = 'facebook' THEN '2' WHEN lower(channel) = 'baidu' THEN '3'
@@ -350,8 +350,8 @@ QUERIES: tuple[Query, ...] = (
         "add a channel id",
         (f"CREATE STREAM q21 AS {_Q21}",),
         _Q21,
-        "REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) is substring(url FROM "
-        "'[?&]channel_id=([^&]*)') (the parameter follows ? or & in a URL)",
+        "Flink's REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) is PostgreSQL's "
+        "(regexp_match(url, '(&|^)channel_id=([^&]*)'))[2], the same pattern",
     ),
     Query(
         "q22",
