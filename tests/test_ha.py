@@ -74,6 +74,19 @@ def clients(cluster: Cluster) -> Clients:
     return Clients(cluster)
 
 
+def post_at(
+    cluster: Cluster, name: str, stream: str, run_id: str, text: str, *, wait: bool = True
+) -> httpx.Response:
+    """One run posted to one node, no failing over."""
+    return httpx.post(
+        f"{cluster.nodes[name].url}/streams/{stream}/runs",
+        params={"run_id": run_id, "wait": "true" if wait else "false"},
+        content=text,
+        headers=NDJSON,
+        timeout=60,
+    )
+
+
 def views_exact(cluster: Cluster, names=NAMES) -> None:
     """On every node, the view equals the batch query over the node's own raw rows, and
     every node's view is the same."""
@@ -216,13 +229,7 @@ def test_a_node_cut_off_acknowledges_nothing_and_catches_up(
     cluster.cut("c")
     try:
         # Alone, c cannot copy a run to a second node (STRATA_MIN_COPIES=2): no ack.
-        response = httpx.post(
-            f"{cluster.nodes['c'].url}/streams/ev/runs",
-            params={"run_id": "alone-1"},
-            content=body(1000),
-            headers={"content-type": "application/x-ndjson"},
-            timeout=60,
-        )
+        response = post_at(cluster, "c", "ev", "alone-1", body(1000), wait=False)
         assert response.status_code == 503, response.text
         clients.ledger.bodies["alone-1"] = ("ev", body(1000))
         # DDL at c waits for the owner: 503 with Retry-After; DDL at the owner goes on.
@@ -265,21 +272,9 @@ def test_one_run_id_with_two_bodies_during_a_partition_is_a_conflict_every_node_
     two = '{"x": 2, "t": "2026-01-01T00:00:00Z"}\n'
     cluster.cut("c")
     try:
-        alone = httpx.post(
-            f"{cluster.nodes['c'].url}/streams/twice/runs",
-            params={"run_id": "dup", "wait": "true"},
-            content=one,
-            headers=NDJSON,
-            timeout=60,
-        )
+        alone = post_at(cluster, "c", "twice", "dup", one)
         assert alone.status_code == 503, alone.text  # held by c alone: not acknowledged
-        majority = httpx.post(
-            f"{cluster.nodes['a'].url}/streams/twice/runs",
-            params={"run_id": "dup", "wait": "true"},
-            content=two,
-            headers=NDJSON,
-            timeout=60,
-        )
+        majority = post_at(cluster, "a", "twice", "dup", two)
         assert majority.status_code == 200, majority.text
     finally:
         cluster.heal()
