@@ -16,7 +16,10 @@ from server.errors import (
     InvalidRunId,
     InvalidValue,
     NotARawStream,
+    NotTheOwner,
     PayloadTooLarge,
+    ReplicaObsolete,
+    ReplicaTooEarly,
     RunConflict,
     RunFormatError,
     RunNotCommitted,
@@ -60,6 +63,10 @@ SQLSTATE: dict[type[StrataError], str] = {
     TransactionAborted: "25P02",  # in_failed_sql_transaction
     CopyFailed: "57014",  # query_canceled, as PostgreSQL answers a CopyFail
     Unavailable: "57P03",  # cannot_connect_now: retry, here or at another node
+    # Between nodes of a cluster (HTTP only), mapped all the same.
+    ReplicaTooEarly: "55000",  # object_not_in_prerequisite_state
+    ReplicaObsolete: "55000",
+    NotTheOwner: "55000",
 }
 UNREACHABLE = "57P03"  # cannot_connect_now
 INTERNAL = "XX000"
