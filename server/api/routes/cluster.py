@@ -5,13 +5,14 @@ endpoints peers use among themselves: the commit log (/cluster/log), a run's row
 
 from __future__ import annotations
 
+import pyarrow as pa
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from server.api.deps import ServiceDep
-from server.errors import UnknownStream
+from server.errors import RunFormatError, UnknownStream
 from server.ingest.admission import check_run_id
 from server.replication.node import Node
 from server.replication.peers import ARROW_STREAM, table_bytes, table_of
@@ -65,11 +66,14 @@ async def copy_of_run(
     origin: int | None = None,
     node: str = "a peer",
 ) -> JSONResponse:
+    cluster = _node(service)
+    check_run_id(run_id)
     body = await request.body()
-    table = await run_in_threadpool(table_of, body)
-    record = await run_in_threadpool(
-        _node(service).accept_replica, stream, check_run_id(run_id), origin, table, node
-    )
+    try:
+        table = await run_in_threadpool(table_of, body)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise RunFormatError(f"a copy of a run is an Arrow IPC stream: {error}") from None
+    record = await run_in_threadpool(cluster.accept_replica, stream, run_id, origin, table, node)
     return JSONResponse({"run_id": record.run_id, "status": record.status}, status_code=202)
 
 
