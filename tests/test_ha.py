@@ -339,10 +339,10 @@ def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: C
             httpx.delete(f"{cluster.nodes['b'].url}/streams/reborn", timeout=60).status_code == 200
         )
         made = cluster.ddl(
-            "a", "CREATE STREAM reborn (y text, t timestamptz) WITH (event_time = 't')"
+            "a", "CREATE STREAM reborn (x bigint, t timestamptz) WITH (event_time = 't')"
         )
         assert made.status_code == 201, made.text
-        new = '{"y": "new", "t": "2026-01-02T00:00:00Z"}\n'
+        new = '{"x": 2, "t": "2026-01-02T00:00:00Z"}\n'
         for i in range(3):
             clients.post(f"new-{i}", new, stream="reborn", start=i % 2)
     finally:
@@ -353,12 +353,24 @@ def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: C
         def only_new(url: str = url) -> bool:
             with psycopg.connect(url) as connection:
                 try:
-                    rows = connection.execute("SELECT y FROM reborn").fetchall()
-                except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable):
-                    return False  # still the old stream, or between the DROP and CREATE
-            return rows == [("new",)] * 3
+                    rows = connection.execute("SELECT x FROM reborn").fetchall()
+                except psycopg.errors.UndefinedTable:
+                    return False  # between the DROP and the CREATE
+            return rows == [(2,)] * 3  # the same columns: only the values tell them apart
 
         wait_until(only_new, f"node {name} to hold the new stream's runs only", timeout=120)
+    # Every node has pulled all its peers offer: the old runs have had their chance to mix.
+    wait_until(
+        lambda: all(
+            peer["runs_behind_peer"] == 0
+            for name in NAMES
+            for peer in cluster.status(name)["peers"]
+        ),
+        "every node to have pulled every peer's log",
+    )
+    for name in NAMES:
+        with psycopg.connect(cluster.nodes[name].database_url) as connection:
+            assert connection.execute("SELECT x FROM reborn").fetchall() == [(2,)] * 3, name
 
 
 def test_a_single_node_of_the_previous_release_becomes_a_clusters_owner(
