@@ -3,6 +3,8 @@
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
              -> (joins with tables, outer joins of 3+ streams) build_lookup, on read
+                [aggregates over streams and tables: split_join_aggregate -> a join
+                 stream of the streams, and build_lookup of it joined with the tables]
              -> (aggregates over a join) split_join_aggregate -> a join stream + the below
              -> (inner joins of raw streams) build_join
              -> (top-N and dedup, on read) [split_top_n -> a stream of the ranked rows]
@@ -39,8 +41,10 @@ from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_join_aggregate import (
+    JoinAggregate,
     is_join_aggregate,
     join_rows_statement,
+    joins_streams_and_tables,
     split_join_aggregate,
 )
 from rewriter.split_rollup import GatherPoint, split_rollup
@@ -79,11 +83,14 @@ def companion(
     planning them reports)."""
     try:
         statement = parse_stream(sql)
-        if isinstance(statement, RawStreamStatement) or joins_on_read(
-            statement.select, tables or {}
-        ):
+        if isinstance(statement, RawStreamStatement):
             return None
         select = statement.select
+        if joins_on_read(select, tables or {}):
+            if not joins_streams_and_tables(select, tables or {}):
+                return None
+            rows = join_rows_statement(statement.name, select, streams, tables)
+            return None if rows is None else (statement.name, *rows)
         if is_top_n(select):
             assert isinstance(select, exp.Select)
             split = split_top_n(statement.name, select)
@@ -107,15 +114,13 @@ def _rewrite(
     check_statement(select)
     if joins_on_read(select, tables):
         assert isinstance(select, exp.Select)
+        if joins_streams_and_tables(select, tables):
+            split = _join_split(statement.name, select, streams, tables)
+            return build_lookup(statement.name, split.aggregate, streams, tables)
         return build_lookup(statement.name, select, streams, tables)
     if is_join_aggregate(select):
         assert isinstance(select, exp.Select)
-        split = split_join_aggregate(statement.name, select, streams)
-        if split.rows_stream not in streams:
-            raise UnknownSource(
-                f"the join stream {split.rows_stream!r} that {statement.name!r} aggregates "
-                "over does not exist (the server creates it with the stream)"
-            )
+        split = _join_split(statement.name, select, streams, {})
         return _windowed(statement.name, split.aggregate, streams)
     if is_join(select):
         assert isinstance(select, exp.Select)
@@ -137,6 +142,22 @@ def _rewrite(
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
     return _windowed(statement.name, select, streams)
+
+
+def _join_split(
+    name: str,
+    select: exp.Select,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema],
+) -> JoinAggregate:
+    """An aggregate over a join in one statement, split, once its join stream exists."""
+    split = split_join_aggregate(name, select, streams, tables)
+    if split.rows_stream not in streams:
+        raise UnknownSource(
+            f"the join stream {split.rows_stream!r} that {name!r} aggregates over does not "
+            "exist (the server creates it with the stream)"
+        )
+    return split
 
 
 def _windowed(name: str, select: exp.Select, streams: Mapping[str, StreamPlan]) -> StreamPlan:

@@ -13,6 +13,16 @@ its rows archived; the aggregate takes partials per run of the rows each run add
 The window is the first windowed input's: its window_start and window_end are the
 aggregate's. Without a windowed input, the aggregate is running totals over the join (the
 join stream keeps the first input's event time).
+
+With PostgreSQL tables among the inputs (``FROM TUMBLE(bid, ...) b JOIN auction a ON ...
+JOIN category_names c ON a.category = c.id``), the join stream is the join of the streams
+alone, and the aggregate joins it with the tables: ``... FROM TUMBLE(<name>__rows,
+b__date_time, ...) AS <name>__rows JOIN category_names c ON <name>__rows.a__category =
+c.id``, a stream-table join (build_lookup) that follows the tables' current content. The
+streams come first, joined with JOIN, the tables after them: the statement is then (the
+streams' inner join) joined with each table in turn, which is exactly what the two stages
+compute; WHERE conditions that read a table are checked in the aggregate, the others in
+the join stream.
 """
 
 from __future__ import annotations
@@ -25,8 +35,10 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.derived_select import output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
+from rewriter.expressions import conjuncts
 from rewriter.plan import RawStreamPlan, StreamPlan
 from rewriter.resolve_window import parse_interval
+from rewriter.tables import TableSchema, table_key
 
 _WINDOW_COLUMNS = (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN)
 
@@ -39,15 +51,29 @@ class JoinAggregate:
 
 
 def join_rows_statement(
-    name: str, select: exp.Expr, streams: Mapping[str, StreamPlan]
+    name: str,
+    select: exp.Expr,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
 ) -> tuple[str, str] | None:
     """(name, CREATE STREAM) of the join stream an aggregate over a join in one statement
     is built on, for the server to create first; None for any other statement."""
     if not is_join_aggregate(select):
         return None
     assert isinstance(select, exp.Select)
-    split = split_join_aggregate(name, select, streams)
+    if _joined_tables(select, tables or {}) and not joins_streams_and_tables(select, tables or {}):
+        return None  # one stream and tables: build_lookup aggregates the stream itself
+    split = split_join_aggregate(name, select, streams, tables)
     return split.rows_stream, split.rows_statement
+
+
+def joins_streams_and_tables(select: exp.Expr, tables: Mapping[str, TableSchema]) -> bool:
+    """An aggregate over a join of two or more streams and PostgreSQL tables."""
+    if not is_join_aggregate(select):
+        return False
+    assert isinstance(select, exp.Select)
+    joined = _joined_tables(select, tables)
+    return bool(joined) and len(_items(select)) - len(joined) > 1
 
 
 def is_join_aggregate(select: exp.Expr) -> bool:
@@ -59,7 +85,10 @@ def is_join_aggregate(select: exp.Expr) -> bool:
 
 
 def split_join_aggregate(
-    name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
+    name: str,
+    select: exp.Select,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
 ) -> JoinAggregate:
     rows_stream = naming.join_rows_stream(name)
     if len(rows_stream) > naming.MAX_STREAM_NAME:
@@ -67,7 +96,12 @@ def split_join_aggregate(
             f"an aggregate over a join keeps the join as the stream {rows_stream!r}, longer "
             f"than {naming.MAX_STREAM_NAME} characters: choose a shorter name"
         )
-    inputs = _inputs(select)
+    joined_tables = _joined_tables(select, tables or {})
+    if joined_tables:
+        _check_streams_first(select, joined_tables)
+    # With tables, the aggregate joins the join stream with them: it needs an alias.
+    rows_alias = rows_stream if joined_tables else None
+    inputs = _inputs(select, joined_tables)
     windowed = [(a, e.window) for a, e in inputs.items() if e.window is not None]
     if windowed:
         first, call = windowed[0]
@@ -84,7 +118,8 @@ def split_join_aggregate(
                     exp.column(naming.join_column(first, time_column), quoted=True),
                     call.expressions[2].copy(),
                 ],
-            )
+            ),
+            alias=exp.TableAlias(this=exp.to_identifier(rows_alias)) if rows_alias else None,
         )
     else:
         # Without a window: running totals over the join (its event time is the first
@@ -102,9 +137,19 @@ def split_join_aggregate(
                 "then build streams on the join)"
             )
         time_column = plan.event_time
-        source = exp.table_(rows_stream)
+        source = exp.table_(rows_stream, alias=rows_alias)
     time = naming.join_column(first, time_column)
     columns: dict[str, exp.Column] = {time: exp.column(time_column, table=first)}
+
+    def reader(column: exp.Column) -> str | None:
+        """The alias of the input ``column`` reads; None for the window."""
+        if column.table:
+            return column.table
+        if column.name in _WINDOW_COLUMNS and not any(
+            t.column(column.name) for t in joined_tables.values()
+        ):
+            return None
+        return _owner(column.name, inputs, streams, joined_tables)
 
     def flatten(node: exp.Expr) -> exp.Expr:
         copy = node.copy()
@@ -112,7 +157,11 @@ def split_join_aggregate(
         for column in targets:
             if isinstance(column.this, exp.Star):
                 raise UnsupportedSQL("SELECT * is not supported with GROUP BY; name the columns")
-            if column.name in _WINDOW_COLUMNS:
+            alias = reader(column)
+            if alias in joined_tables:
+                # A table's column: the aggregate joins the table itself.
+                replacement: exp.Expr = exp.column(column.this.copy(), table=alias)
+            elif column.name in _WINDOW_COLUMNS:
                 if not windowed:
                     raise UnsupportedSQL(
                         f"{column.sql('postgres')!r}: the join reads no window; read one input "
@@ -123,14 +172,13 @@ def split_join_aggregate(
                         f"{column.sql('postgres')!r}: an aggregate over a join is windowed by "
                         f"its first windowed input, {first!r}: use {first}.{column.name}"
                     )
-                replacement: exp.Expr = exp.column(column.name)
+                replacement = exp.column(column.name, table=rows_alias)
             else:
-                alias = column.table or _owner(column.name, inputs, streams)
-                if alias not in inputs:
+                if alias is None or alias not in inputs:
                     raise UnsupportedSQL(f"{alias!r} is not an input of the join")
                 flat = naming.join_column(alias, column.name)
                 columns.setdefault(flat, exp.column(column.name, table=alias))
-                replacement = exp.column(flat, quoted=True)
+                replacement = exp.column(flat, table=rows_alias, quoted=True)
             if column is copy:
                 return replacement
             column.replace(replacement)
@@ -148,7 +196,8 @@ def split_join_aggregate(
             "group",
             exp.Group(
                 expressions=[
-                    _grouped(g, select, inputs, streams, flatten) for g in group.expressions
+                    _grouped(g, select, inputs, joined_tables, streams, flatten)
+                    for g in group.expressions
                 ]
             ),
         )
@@ -156,6 +205,28 @@ def split_join_aggregate(
     if having is not None:
         aggregate.set("having", exp.Having(this=flatten(having.this)))
     rows = select.copy()
+    if joined_tables:
+        stream_joins: list[exp.Expr] = []
+        table_joins: list[exp.Expr] = []
+        for join in select.args.get("joins") or []:
+            chosen = table_joins if _alias(join.this) in joined_tables else stream_joins
+            chosen.append(join)
+        aggregate.set("joins", [_flattened_join(j, flatten) for j in table_joins])
+        where = select.args.get("where")
+        stream_conditions: list[exp.Expr] = []
+        table_conditions: list[exp.Expr] = []
+        for conjunct in conjuncts(where.this if where is not None else None):
+            reads = {
+                reader(c) for c in conjunct.find_all(exp.Column) if not isinstance(c.this, exp.Star)
+            }
+            chosen = table_conditions if reads & set(joined_tables) else stream_conditions
+            chosen.append(conjunct)
+        if table_conditions:
+            aggregate.set("where", exp.Where(this=flatten(exp.and_(*table_conditions))))
+        rows.set("joins", [j.copy() for j in stream_joins])
+        rows.set(
+            "where", exp.Where(this=exp.and_(*stream_conditions)) if stream_conditions else None
+        )
     rows.set(
         "expressions",
         [exp.alias_(source, flat, quoted=True) for flat, source in columns.items()],
@@ -170,6 +241,7 @@ def _grouped(
     item: exp.Expr,
     select: exp.Select,
     inputs: Mapping[str, _Input],
+    joined_tables: Mapping[str, TableSchema],
     streams: Mapping[str, StreamPlan],
     flatten: Callable[[exp.Expr], exp.Expr],
 ) -> exp.Expr:
@@ -185,6 +257,7 @@ def _grouped(
         and item.name in aliases
         and item.name not in _WINDOW_COLUMNS
         and not any(_has(entry, item.name, streams) for entry in inputs.values())
+        and not any(t.column(item.name) for t in joined_tables.values())
     ):
         return item.copy()
     return flatten(item)
@@ -196,14 +269,84 @@ class _Input:
     window: exp.Anonymous | None  # TUMBLE(...) of a windowed input
 
 
-def _inputs(select: exp.Select) -> dict[str, _Input]:
+def _items(select: exp.Select) -> list[exp.Expr | None]:
     from_ = select.args.get("from_")
-    items = [from_.this if from_ is not None else None]
-    items += [j.this for j in select.args.get("joins") or []]
+    return [from_.this if from_ is not None else None] + [
+        j.this for j in select.args.get("joins") or []
+    ]
+
+
+def _alias(item: exp.Expr | None) -> str | None:
+    if not isinstance(item, exp.Table):
+        return None
+    if isinstance(item.this, exp.Anonymous):
+        return item.alias or None
+    return item.alias or item.name
+
+
+def _joined_tables(select: exp.Select, tables: Mapping[str, TableSchema]) -> dict[str, TableSchema]:
+    """The PostgreSQL tables among the join's inputs, by alias, in FROM order."""
+    joined: dict[str, TableSchema] = {}
+    for item in _items(select):
+        if isinstance(item, exp.Table) and (key := table_key(item)) in tables:
+            joined[item.alias or item.name] = tables[key]  # type: ignore[index]
+    return joined
+
+
+def _check_streams_first(select: exp.Select, joined_tables: Mapping[str, TableSchema]) -> None:
+    """The streams are joined first, with inner joins, then the tables: so the join stream
+    is the streams' join, and the aggregate that join with each table in turn."""
+    shape = (
+        "an aggregate over a join of several streams and a table reads the streams first, "
+        "joined with JOIN, then the tables, e.g. FROM TUMBLE(bid, date_time, INTERVAL "
+        "'10 seconds') b JOIN auction a ON a.id = b.auction JOIN category_names c ON "
+        "c.id = a.category"
+    )
+    items = _items(select)
+    joins = select.args.get("joins") or []
+    seen_table = False
+    for position, item in enumerate(items):
+        if _alias(item) in joined_tables:
+            seen_table = True
+            continue
+        if seen_table:
+            raise UnsupportedSQL(f"{shape}; here a stream follows a table")
+        if position == 0:
+            continue
+        join = joins[position - 1]
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        if side or kind not in ("", "INNER") or join.args.get("using"):
+            written = " ".join(p for p in (side, kind, "JOIN") if p)
+            raise UnsupportedSQL(
+                f"{shape}; here the streams are joined with {written}"
+                + (" USING (...)" if join.args.get("using") else "")
+            )
+
+
+def _flattened_join(join: exp.Expr, flatten: Callable[[exp.Expr], exp.Expr]) -> exp.Expr:
+    """A table's join over the join stream: its ON and its FOR SYSTEM_TIME AS OF read the
+    join stream's columns."""
+    copy = join.copy()
+    on = copy.args.get("on")
+    if on is not None:
+        copy.set("on", flatten(on))
+    version = copy.this.args.get("version")
+    if version is not None and isinstance(version.expression, exp.Expr):
+        version.set("expression", flatten(version.expression))
+    return copy
+
+
+def _inputs(
+    select: exp.Select, joined_tables: Mapping[str, TableSchema] | None = None
+) -> dict[str, _Input]:
+    """The streams among the join's inputs, by alias."""
     inputs: dict[str, _Input] = {}
-    for item in items:
+    for item in _items(select):
         if not isinstance(item, exp.Table):
             continue  # build_join names what is wrong with it
+        if joined_tables and _alias(item) in joined_tables:
+            continue
         call = item.this if isinstance(item.this, exp.Anonymous) else None
         if call is None:
             inputs[item.alias or item.name] = _Input(item.name, None)
@@ -221,15 +364,21 @@ def _inputs(select: exp.Select) -> dict[str, _Input]:
     return inputs
 
 
-def _owner(column: str, inputs: Mapping[str, _Input], streams: Mapping[str, StreamPlan]) -> str:
+def _owner(
+    column: str,
+    inputs: Mapping[str, _Input],
+    streams: Mapping[str, StreamPlan],
+    joined_tables: Mapping[str, TableSchema],
+) -> str:
     """The input an unqualified column belongs to."""
     owners = [alias for alias, entry in inputs.items() if _has(entry, column, streams)]
+    owners += [alias for alias, schema in joined_tables.items() if schema.column(column)]
     if len(owners) == 1:
         return owners[0]
     if owners:
         choices = " or ".join(f"{a}.{column}" for a in owners)
         raise UnsupportedSQL(f"column {column!r} is ambiguous in the join; write {choices}")
-    raise UnsupportedSQL(f"column {column!r} does not exist in the joined streams")
+    raise UnsupportedSQL(f"column {column!r} does not exist in the joined inputs")
 
 
 def _has(entry: _Input, column: str, streams: Mapping[str, StreamPlan]) -> bool:
