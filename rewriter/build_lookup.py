@@ -224,9 +224,11 @@ def _the_stream(inputs: list[_Input]) -> _Stream:
     if not streams:
         raise UnsupportedSQL("a stream reads a stream: a join of tables alone is a PostgreSQL view")
     if len(streams) > 1:
+        # Aggregates over several streams and tables are split first (split_join_aggregate):
+        # the aggregate planned here reads their join stream.
         raise UnsupportedSQL(
-            "a join of several streams and a table: join the streams in a join stream first, "
-            "then join that stream with the table"
+            "a join of several streams and a table with aggregates reads the streams first, "
+            "joined with JOIN, then the tables"
         )
     return streams[0]
 

@@ -12,11 +12,23 @@ import itertools
 import random
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rewriter import ParallelAggregatePlan, StreamPlan, companion, rewrite
+from rewriter.errors import StrataError
+from rewriter.tables import TableColumn, TableSchema
 from tests.conftest import Strata, examples
-from tests.oracle import at, execute, late_runs, ndjson, same, with_a_late_run
+from tests.oracle import (
+    SnapshotReader,
+    at,
+    execute,
+    late_runs,
+    ndjson,
+    same,
+    with_a_late_run,
+)
 from tests.test_joins import Row, another, when
 
 _names = itertools.count()
@@ -36,6 +48,44 @@ def per_label_oracle(bid: str, auction: str, dim: str) -> str:
         f"FROM {bid} b JOIN {auction} a ON b.auction = a.id JOIN {dim} c ON a.category = c.id "
         "WHERE b.price > 1 AND c.label <> 'l2' GROUP BY 1, 5"
     )
+
+
+def test_planned_as_a_join_stream_and_an_aggregate_joining_it_with_the_table() -> None:
+    """The companion is the streams' join with the columns the rest reads; the stream is
+    the stream-table aggregate over it, with the table's filter kept on read."""
+    streams: dict[str, StreamPlan] = {}
+    for statement in (
+        "CREATE STREAM bid (auction integer, price integer, t timestamptz) WITH (event_time = 't')",
+        "CREATE STREAM auction (id integer, category integer, t timestamptz) "
+        "WITH (event_time = 't')",
+    ):
+        plan = rewrite(statement, streams)
+        streams[plan.name] = plan
+    columns = (TableColumn("id", "integer"), TableColumn("label", "text"))
+    tables = {"cat": TableSchema("cat", columns, ("id",))}
+    statement = PER_LABEL.format(name="per_label", bid="bid", auction="auction", dim="cat")
+    made_with = companion(statement, streams, tables)
+    assert made_with == (
+        "per_label",
+        "per_label__rows",
+        'CREATE STREAM per_label__rows AS SELECT b.t AS "b__t", b.price AS "b__price", '
+        "a.category AS \"a__category\" FROM TUMBLE(bid, t, INTERVAL '1 MINUTE') AS b "
+        "JOIN auction AS a ON b.auction = a.id WHERE b.price > 1",
+    )
+    with pytest.raises(StrataError, match="per_label__rows"):
+        rewrite(statement, streams, tables)  # the server makes the join stream first
+    rows = rewrite(made_with[2], streams, tables)
+    streams[rows.name] = rows
+    plan = rewrite(statement, streams, tables)
+    assert isinstance(plan, ParallelAggregatePlan)
+    assert (plan.source, plan.tables) == ("per_label__rows", ("cat",))
+    assert 'WHERE "c"."label" <> \'l2\'' in plan.view_query
+    # One stream and a table: the stream-table aggregate itself, no companion.
+    alone = (
+        "CREATE STREAM s AS SELECT c.label, count(*) AS n, window_end FROM TUMBLE(bid, t, "
+        "INTERVAL '1 minute') b JOIN cat c ON c.id = b.auction GROUP BY c.label, window_end"
+    )
+    assert companion(alone, streams, tables) is None
 
 
 class Market:
@@ -192,6 +242,37 @@ def test_shown_with_its_join_stream_and_dropped_with_it(module_strata: Strata) -
     assert strata.client.delete(f"/streams/{market.agg}").status_code in (200, 204)
     assert strata.client.get(f"/streams/{rows}").status_code == 404
     assert strata.client.get(f"/streams/{market.agg}").status_code == 404
+
+
+def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
+    """While runs of both streams (one late) and table changes arrive, a reader comparing
+    the view with the batch query in one snapshot after another never sees them differ."""
+    market = Market(module_strata)
+    for category in range(3):
+        market.label(category, f"l{category % 2}")
+    market.create()
+    rng = random.Random(7)
+    runs = [
+        (
+            market.bid if i % 2 else market.auction,
+            [
+                {"auction": rng.randrange(4), "price": rng.randrange(6), "t": at(s)}
+                if i % 2
+                else {"id": rng.randrange(4), "category": rng.randrange(3), "t": at(s)}
+                for s in rng.sample(range(600), 3)
+            ],
+        )
+        for i in range(8)
+    ]
+    runs.append((market.bid, [{"auction": 0, "price": 5, "t": at(1)}]))  # late
+    oracle = per_label_oracle(market.bid, market.auction, market.dim)
+    view = f"SELECT label, n, s, top, window_end FROM {market.agg}"
+    with SnapshotReader.of(module_strata.database_url, {view: oracle}):
+        for i, (stream, rows) in enumerate(runs):
+            module_strata.ingest(stream, ndjson(rows))
+            if i == 4:
+                market.label(1, None)
+    assert market.same() > 0
 
 
 def test_refusals_name_the_construct(module_strata: Strata) -> None:
