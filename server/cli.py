@@ -223,6 +223,37 @@ def post(args: argparse.Namespace) -> int:
     return 0
 
 
+def load(args: argparse.Namespace) -> int:
+    """Load files, directories, globs or stdin as runs (server/loader.py)."""
+    from server.client import NoNodeAnswered
+    from server.loader import LoadFailed
+    from server.loader import load as load_runs
+    from server.security import secret
+
+    settings = Settings()  # type: ignore[call-arg]  # from the environment
+    token = secret(settings, "api_token") or secret(settings, "ingest_token")
+    try:
+        done = load_runs(
+            args.stream,
+            args.paths,
+            [u.strip() for u in args.nodes.split(",") if u.strip()],
+            fmt=args.format,
+            run_rows=args.run_rows,
+            concurrency=args.concurrency,
+            token=token,
+            wait_commit=args.wait,
+            quiet=args.quiet,
+        )
+    except LoadFailed as failed:
+        print(f"\nstrata load: {failed}", file=sys.stderr)
+        return 1
+    except NoNodeAnswered as unanswered:
+        print(f"\nstrata load: {unanswered}", file=sys.stderr)
+        return 3
+    print(json.dumps({"runs": done.runs, "rows": done.rows}))
+    return 0
+
+
 def cluster(args: argparse.Namespace) -> int:
     """Run a Spark standalone cluster on loopback until Ctrl-C (or SIGTERM)."""
     from server.engines.cluster import LocalCluster
@@ -305,6 +336,23 @@ def main(argv: list[str] | None = None) -> int:
     send.add_argument("--wait", action="store_true", help="answer once committed")
     send.add_argument("--deadline", type=float, default=120.0, help="seconds to keep trying (120)")
     send.set_defaults(run=post)
+    loader = commands.add_parser(
+        "load",
+        help="load files, directories, globs or stdin as runs (a re-run loads nothing twice)",
+    )
+    loader.add_argument("stream", help="the raw stream")
+    loader.add_argument("paths", nargs="+", help="files, directories, globs, or - for stdin")
+    loader.add_argument(
+        "--nodes",
+        default="http://127.0.0.1:8080",
+        help="the nodes' HTTP URLs, comma-separated, tried in turn (default: this machine)",
+    )
+    loader.add_argument("--format", choices=["ndjson", "csv"], help="default: by file name")
+    loader.add_argument("--run-rows", type=int, default=20_000, help="rows per run (20000)")
+    loader.add_argument("--concurrency", type=int, default=4, help="runs in flight at once (4)")
+    loader.add_argument("--wait", action="store_true", help="each run answered once committed")
+    loader.add_argument("--quiet", action="store_true", help="no progress line")
+    loader.set_defaults(run=load)
     spark = commands.add_parser(
         "cluster", help="run a Spark standalone cluster on 127.0.0.1 (for STRATA_SPARK_MASTER)"
     )
