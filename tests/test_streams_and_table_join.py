@@ -245,12 +245,24 @@ def test_shown_with_its_join_stream_and_dropped_with_it(module_strata: Strata) -
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
-    """While runs of both streams (one late) and table changes arrive, a reader comparing
-    the view with the batch query in one snapshot after another never sees them differ."""
+    """While runs of both streams (one late) and a table change arrive, a reader comparing
+    the views (the table joined, and LEFT JOINed) with the batch queries in one snapshot
+    after another never sees them differ."""
     market = Market(module_strata)
     for category in range(3):
         market.label(category, f"l{category % 2}")
     market.create()
+    # LEFT JOIN the table: bids whose category has no label count under a NULL label.
+    padded = f"{market.agg}_left"
+    left_join = (
+        f"FROM {{}} b JOIN {market.auction} a ON b.auction = a.id "
+        f"LEFT JOIN {market.dim} c ON a.category = c.id"
+    )
+    module_strata.create(
+        f"CREATE STREAM {padded} AS SELECT c.label, count(*) AS n, window_start "
+        + left_join.format(f"TUMBLE({market.bid}, t, INTERVAL '1 minute')")
+        + " GROUP BY c.label, window_start"
+    )
     rng = random.Random(7)
     runs = [
         (
@@ -262,17 +274,26 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
                 for s in rng.sample(range(600), 3)
             ],
         )
-        for i in range(8)
+        for i in range(6)
     ]
     runs.append((market.bid, [{"auction": 0, "price": 5, "t": at(1)}]))  # late
     oracle = per_label_oracle(market.bid, market.auction, market.dim)
     view = f"SELECT label, n, s, top, window_end FROM {market.agg}"
-    with SnapshotReader.of(module_strata.database_url, {view: oracle}):
+    pairs = {
+        view: oracle,
+        f"SELECT label, n, window_start FROM {padded}": (
+            "SELECT c.label, count(*), date_bin('1 minute', b.t, timestamptz 'epoch') "
+            + left_join.format(market.bid)
+            + " GROUP BY 1, 3"
+        ),
+    }
+    with SnapshotReader.of(module_strata.database_url, pairs):
         for i, (stream, rows) in enumerate(runs):
             module_strata.ingest(stream, ndjson(rows))
-            if i == 4:
+            if i == 3:
                 market.label(1, None)
     assert market.same() > 0
+    assert None in {r[0] for r in module_strata.query(f"SELECT label FROM {padded}")}
 
 
 def test_refusals_name_the_construct(module_strata: Strata) -> None:
@@ -300,6 +321,11 @@ def test_refusals_name_the_construct(module_strata: Strata) -> None:
     assert "stream's columns" in refused(
         f"SELECT count(c.label) AS n, window_end FROM {window} JOIN {auction} a "
         f"ON b.auction = a.id JOIN {dim} c ON a.category = c.id GROUP BY window_end"
+    )
+    assert "TUMBLE(stream, time_column" in refused(
+        f"SELECT c.label, count(*) AS n, window_end FROM HOP({bid}, t, INTERVAL '1 minute', "
+        f"INTERVAL '2 minutes') b JOIN {auction} a ON b.auction = a.id JOIN {dim} c "
+        "ON a.category = c.id GROUP BY c.label, window_end"
     )
     assert "window of the stream" in refused(
         f"SELECT c.label, count(*) AS n FROM {bid} b JOIN {auction} a "
