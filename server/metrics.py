@@ -86,6 +86,29 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.batch_runs = Histogram(
+            "strata_batch_runs",
+            "Runs committed together in one batch (one Spark job, one transaction), by raw "
+            "stream: batches grow while runs wait.",
+            ["stream"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=registry,
+        )
+        self.batch_rows = Histogram(
+            "strata_batch_rows",
+            "Rows committed together in one batch, by raw stream.",
+            ["stream"],
+            buckets=(1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_000_000),
+            registry=registry,
+        )
+        self.run_slowdown = Histogram(
+            "strata_run_slowdown",
+            "A run's response time (POST to commit) divided by the time its batch took to "
+            "compute and commit (1: it never waited), by raw stream.",
+            ["stream"],
+            buckets=(1, 1.5, 2, 3, 5, 10, 20, 50, 100),
+            registry=registry,
+        )
         self.worker_items = Counter(
             "strata_worker_items",
             "Items background workers handled, by worker and stream: the reducer's (window, "
@@ -139,18 +162,30 @@ class Metrics:
                 self._accepted.pop(next(iter(self._accepted)))
             self._accepted[seq] = time.monotonic()
 
-    def runs_done(self, stream: str, seqs: Iterable[int], rows: int, late_rows: int) -> None:
-        """Runs ``seqs`` of ``stream`` committed, with ``rows`` rows in all."""
+    def runs_done(
+        self,
+        stream: str,
+        seqs: Iterable[int],
+        rows: int,
+        late_rows: int,
+        processing: float | None = None,
+    ) -> None:
+        """Runs ``seqs`` of ``stream`` committed as one batch, with ``rows`` rows in all,
+        which took ``processing`` seconds to compute and commit."""
         now = time.monotonic()
         with self._lock:
             accepted = [self._accepted.pop(seq, None) for seq in seqs]
         self.runs_committed.labels(stream).inc(len(accepted))
         self.rows_ingested.labels(stream).inc(rows)
         self.late_rows.labels(stream).inc(late_rows)
+        self.batch_runs.labels(stream).observe(len(accepted))
+        self.batch_rows.labels(stream).observe(rows)
         latency = self.run_latency.labels(stream)
         for at in accepted:
             if at is not None:  # runs resumed after a restart have no POST time here
                 latency.observe(now - at)
+                if processing:
+                    self.run_slowdown.labels(stream).observe(max((now - at) / processing, 1.0))
 
     def run_rejected(self, stream: str, seq: int) -> None:
         with self._lock:

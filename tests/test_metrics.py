@@ -85,6 +85,12 @@ def test_metrics_follow_runs_late_rows_workers_and_errors(strata: Strata) -> Non
     assert value(late, "strata_rows_ingested_total", stream="impsns") == 5
     assert value(late, "strata_late_rows_total", stream="impsns") == 1
     assert value(late, "strata_run_latency_seconds_count", stream="impsns") == 2
+    # Two batches of one run each; a run alone waits for nothing but its own batch.
+    assert value(late, "strata_batch_runs_count", stream="impsns") == 2
+    assert value(late, "strata_batch_runs_sum", stream="impsns") == 2
+    assert value(late, "strata_batch_rows_sum", stream="impsns") == 5
+    assert value(late, "strata_run_slowdown_count", stream="impsns") == 2
+    assert value(late, "strata_run_slowdown_sum", stream="impsns") >= 2
     assert value(late, "strata_partial_rows", stream="impsn_count") == 4
 
     # Background workers, wired as `strata up` wires them.

@@ -458,7 +458,13 @@ class IngestPipeline:
                 batch.spark_seconds,
                 seconds,
             )
-            self.metrics.runs_done(batch.stream, batch.seqs, batch.data.num_rows, late_rows)
+            self.metrics.runs_done(
+                batch.stream,
+                batch.seqs,
+                batch.data.num_rows,
+                late_rows,
+                processing=batch.spark_seconds + seconds,
+            )
             break
         else:
             raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
