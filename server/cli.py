@@ -187,6 +187,16 @@ def backfill_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest_target(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The nodes ``--nodes`` names, and the token of this environment that may post runs
+    (STRATA_API_TOKEN or STRATA_INGEST_TOKEN, as `strata up` reads them)."""
+    from server.security import secret
+
+    settings = Settings()  # type: ignore[call-arg]  # from the environment
+    token = secret(settings, "api_token") or secret(settings, "ingest_token")
+    return [u.strip() for u in args.nodes.split(",") if u.strip()], token
+
+
 def post(args: argparse.Namespace) -> int:
     """Post a file (or stdin) as one run, to the first of ``--nodes`` that acknowledges it
     (server/client.py: on a connection error, a timeout or a 5xx, the next node, same run
@@ -194,16 +204,13 @@ def post(args: argparse.Namespace) -> int:
     import hashlib
 
     from server.client import FailoverClient, NoNodeAnswered, RunRefused
-    from server.security import secret
 
     data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     csv = args.format == "csv" or (args.format is None and str(args.file).endswith(".csv"))
     # By default the run id is the content's hash: posting the same file again is the
     # same run, which no node makes twice.
     run_id = args.run_id or "sha256-" + hashlib.sha256(data).hexdigest()[:32]
-    settings = Settings()  # type: ignore[call-arg]  # from the environment
-    token = secret(settings, "api_token") or secret(settings, "ingest_token")
-    nodes = [u.strip() for u in args.nodes.split(",") if u.strip()]
+    nodes, token = _ingest_target(args)
     try:
         with FailoverClient(nodes, token=token, deadline=args.deadline) as client:
             answer = client.post_run(
@@ -228,15 +235,13 @@ def load(args: argparse.Namespace) -> int:
     from server.client import NoNodeAnswered
     from server.loader import LoadFailed
     from server.loader import load as load_runs
-    from server.security import secret
 
-    settings = Settings()  # type: ignore[call-arg]  # from the environment
-    token = secret(settings, "api_token") or secret(settings, "ingest_token")
+    nodes, token = _ingest_target(args)
     try:
         done = load_runs(
             args.stream,
             args.paths,
-            [u.strip() for u in args.nodes.split(",") if u.strip()],
+            nodes,
             fmt=args.format,
             run_rows=args.run_rows,
             concurrency=args.concurrency,
