@@ -59,6 +59,10 @@ def up(args: argparse.Namespace) -> int:
     except SecretSettingError as exc:
         print(f"strata: {exc}", file=sys.stderr)
         return 2
+    problem = settings.cluster_problem()
+    if problem is not None:
+        print(f"strata: {problem}", file=sys.stderr)
+        return 2
     if not tokens.enabled and settings.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("strata").warning(
             "no API token is set (STRATA_API_TOKEN): every endpoint is open to whoever "

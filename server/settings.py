@@ -146,7 +146,8 @@ class Settings(BaseSettings):
     ddl_owner: str | None = Field(
         None,
         description="The name of the node that orders stream DDL (CREATE, ALTER, DROP STREAM) "
-        "in a cluster; DDL posted to any other node is forwarded to it. Unset: this node.",
+        "in a cluster, the same on every node; DDL posted to any other node is forwarded to it. "
+        "Required with STRATA_PEERS (as is STRATA_NODE).",
     )
     min_copies: int = Field(
         1,
@@ -209,6 +210,21 @@ class Settings(BaseSettings):
     def clustered(self) -> bool:
         """Whether this node is one of a cluster (it has a name or peers)."""
         return self.node is not None or bool(self.peers)
+
+    def cluster_problem(self) -> str | None:
+        """What makes these cluster settings unusable, if anything: with peers, every node
+        needs its own name and the same DDL owner (each node its own owner would give the
+        same positions to different statements)."""
+        if not self.peers:
+            return None
+        if not self.node:
+            return "STRATA_PEERS is set but STRATA_NODE is not: name this node (--node)"
+        if not self.ddl_owner:
+            return (
+                "STRATA_PEERS is set but STRATA_DDL_OWNER is not: name the one node that "
+                "orders stream DDL, the same on every node (--ddl-owner)"
+            )
+        return None
 
     @property
     def spool_dir(self) -> Path:

@@ -14,6 +14,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -503,3 +505,17 @@ def test_a_random_schedule_of_faults_under_load(
     same_runs(cluster)
     views_exact(cluster)
     assert len(tried) == 6, tried
+
+
+def test_cluster_settings_without_a_name_or_an_owner_stop_the_start(tmp_path: Path) -> None:
+    for missing, flags in (
+        ("STRATA_NODE", ["--peers", "http://127.0.0.1:1", "--ddl-owner", "a"]),
+        ("STRATA_DDL_OWNER", ["--peers", "http://127.0.0.1:1", "--node", "a"]),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "server.cli", "up", "--data-dir", str(tmp_path), *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and f"{missing} is not" in done.stderr, done.stderr
