@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from bench.harness.percentile import percentile
 from bench.harness.results import Result, check_scale
@@ -290,8 +291,6 @@ def benchmark(scale: str) -> list[Result]:
 
 
 def _rows_held(cluster: Cluster, name: str) -> int:
-    import psycopg
-
     with psycopg.connect(cluster.nodes[name].database_url) as connection:
         row = connection.execute("SELECT count(*) FROM ev").fetchone()
     assert row is not None

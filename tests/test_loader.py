@@ -66,9 +66,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     instance.close()
 
 
-def _load(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+def _load(server: Server, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "server.cli", "load", "--nodes", server.url, "--quiet", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -167,24 +168,7 @@ def test_a_bad_line_stops_the_load_naming_the_file_and_line(server: Server, tmp_
     assert done.returncode == 1
     assert f"{bad}:8: column 'n'" in done.stderr and "not-a-number" in done.stderr, done.stderr
     # stdin, NDJSON named by --format
-    piped = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "server.cli",
-            "load",
-            "--nodes",
-            server.url,
-            "--quiet",
-            "--format",
-            "ndjson",
-            "clicks",
-            "-",
-        ],
-        input=json.dumps(_row(20_000)) + "\n",
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
+    piped = _load(
+        server, "--format", "ndjson", "clicks", "-", stdin=json.dumps(_row(20_000)) + "\n"
     )
     assert piped.returncode == 0 and json.loads(piped.stdout)["rows"] == 1, piped.stderr
