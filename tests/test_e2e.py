@@ -116,7 +116,11 @@ class Server:
             ],
             capture_output=True,
             check=False,
+            # As PostgreSQL's own user and group: root's group keeps the group bits of a
+            # checkout in a 0700 directory (a mktemp -d), where pg_ctl then cannot run.
             user="strata_pg" if os.geteuid() == 0 else None,
+            group="strata_pg" if os.geteuid() == 0 else None,
+            extra_groups=[] if os.geteuid() == 0 else None,
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
