@@ -21,7 +21,10 @@ step's transaction with its work written and not yet committed:
 - ``repair``: corrected serial windows are recomputed (server/workers/serial.py);
 - ``backfill_chunk``: a back-fill chunk's partial rows are copied in, for a new stream or
   an ALTER's ``__next`` stream (server/workers/backfill.py);
-- ``alter_swap``: inside the ALTER's swap, everything renamed (server/alter.py).
+- ``alter_swap``: inside the ALTER's swap, everything renamed (server/alter.py);
+- ``replace_rows``: a cluster node has put the rows the cluster chose in place of its own
+  rows of a run in conflict, and computed its streams again; ``key`` is the run id
+  (server/replication/replace.py).
 
 ``target`` is what is killed or signalled:
 
@@ -67,7 +70,14 @@ import psutil
 log = logging.getLogger(__name__)
 
 RUN_PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit")
-WORKER_PHASES = ("reduce_fold", "materialize", "repair", "backfill_chunk", "alter_swap")
+WORKER_PHASES = (
+    "reduce_fold",
+    "materialize",
+    "repair",
+    "backfill_chunk",
+    "alter_swap",
+    "replace_rows",
+)
 PHASES = RUN_PHASES + WORKER_PHASES
 TARGETS = ("server", "postgres", "spark", "sigint", "sigterm")
 HOLD_SECONDS = 1.0

@@ -29,7 +29,7 @@ from server.metrics import Metrics
 from server.pgwire.server import SqlPort
 from server.replication.metrics import ClusterCollector
 from server.replication.node import Node
-from server.replication.puller import DdlFollower, Puller
+from server.replication.puller import DdlFollower, Puller, Settler
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
@@ -180,6 +180,7 @@ def assemble(
         metrics.registry.register(ClusterCollector(node))
         replication = [Puller(node, peer, settings.replicate_interval) for peer in node.peers]
         replication.append(DdlFollower(node, settings.replicate_interval))
+        replication.append(Settler(node, settings.replicate_interval))
     return Runtime(
         settings, database_url, engine, backend, service, sql_port, warmup, workers, replication
     )

@@ -18,14 +18,18 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import psycopg
+import pyarrow as pa
 import pytest
 
+from server.replication.digest import digest
 from tests.cluster import NAMES, Clients, Cluster, committed_runs, converged, same_runs
+from tests.crash import arm, disarm, fired
 from tests.oracle import canonical
 from tests.test_e2e import wait_until
 from tests.test_upgrade import V0_1_0_ORACLES, make_v0_1_0_data_dir, wrong_views
@@ -260,39 +264,168 @@ def test_a_node_cut_off_acknowledges_nothing_and_catches_up(
     )
 
 
-def test_one_run_id_with_two_bodies_during_a_partition_is_a_conflict_every_node_reports(
+TWICE = "CREATE STREAM twice (x bigint, t timestamptz) WITH (event_time = 't')"
+TWICE_COUNTS = (
+    "CREATE STREAM twice_counts AS SELECT count(*) AS n, sum(x) AS total, window_start "
+    "FROM TUMBLE(twice, t, INTERVAL '1 minute') GROUP BY window_start"
+)
+TWICE_ORACLE = (
+    "SELECT count(*), sum(x), to_timestamp(floor(extract(epoch FROM t) / 60) * 60) "
+    "FROM twice GROUP BY 3"
+)
+Rows = list[tuple[int, str]]
+
+
+def ndjson(rows: Rows) -> str:
+    return "".join(json.dumps({"x": x, "t": t}) + "\n" for x, t in rows)
+
+
+def digest_of(rows: Rows) -> str:
+    """The digest a node gives these rows of stream ``twice`` (server/replication/digest.py)."""
+    return digest(
+        pa.table(
+            {
+                "x": pa.array([x for x, _ in rows], pa.int64()),
+                "t": pa.array(
+                    [datetime.fromisoformat(t) for _, t in rows], pa.timestamp("us", tz="UTC")
+                ),
+            }
+        )
+    )
+
+
+def two_bodies(run: int) -> tuple[Rows, Rows]:
+    """Two bodies for one run id, the one the cluster does not choose (the larger digest)
+    first; they touch different windows and hold different numbers of rows."""
+    one = [
+        (run * 1000 + 1, "2026-01-01T00:00:10+00:00"),
+        (run * 1000 + 10, "2026-01-01T00:01:10+00:00"),
+        (run * 1000 + 100, "2026-01-01T00:02:10+00:00"),
+    ]
+    two = [
+        (run * 1000 + 2, "2026-01-01T00:00:20+00:00"),
+        (run * 1000 + 20, "2026-01-01T00:05:20+00:00"),
+    ]
+    loser, winner = sorted([one, two], key=digest_of, reverse=True)
+    return loser, winner
+
+
+def held_rows(cluster: Cluster, name: str, run_id: str) -> list[tuple[int, datetime]]:
+    with psycopg.connect(cluster.nodes[name].database_url) as connection:
+        return sorted(
+            connection.execute(
+                "SELECT x, t FROM strata_internal.twice__raw WHERE strata_run = "
+                "(SELECT seq FROM strata_catalog.runs WHERE run_id = %s)",
+                [run_id],
+            ).fetchall()
+        )
+
+
+def twice_exact(cluster: Cluster, names: tuple[str, ...] = NAMES) -> None:
+    """On every node the view over ``twice`` equals the batch query over the node's raw
+    rows, and every node's view is the same."""
+    seen = []
+    for name in names:
+        with psycopg.connect(cluster.nodes[name].database_url) as connection:
+            view = canonical(
+                connection.execute("SELECT n, total, window_start FROM twice_counts").fetchall()
+            )
+            batch = canonical(connection.execute(TWICE_ORACLE).fetchall())
+        assert view == batch, f"node {name}: the view differs from the batch query"
+        seen.append(view)
+    assert all(v == seen[0] for v in seen), "nodes disagree"
+
+
+def twice_streams(cluster: Cluster) -> None:
+    """Stream ``twice`` and its counts, on every node."""
+    if httpx.get(f"{cluster.nodes['a'].url}/streams/twice_counts").status_code == 404:
+        cluster.ddl("a", TWICE)
+        cluster.ddl("a", TWICE_COUNTS)
+    wait_until(
+        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/twice_counts").status_code == 200,
+        "the streams to reach c",
+    )
+
+
+def settled(cluster: Cluster, run_id: str, winner: Rows, loser: Rows) -> None:
+    """Every node reports the conflict, holds the chosen rows and is exact."""
+    chosen = digest_of(winner)
+    reports: dict[str, dict] = {}
+    for name in NAMES:
+
+        def holds_the_choice(name: str = name) -> bool:
+            found = httpx.get(f"{cluster.nodes[name].url}/runs/{run_id}", timeout=10).json()
+            reports[name] = found.get("conflict") or {}
+            return reports[name].get("held_here") == chosen
+
+        wait_until(holds_the_choice, f"node {name} to hold the chosen rows of {run_id}", timeout=90)
+    for name, report in reports.items():
+        assert report["chosen"] == chosen and "not_replaced" not in report, (name, report)
+        assert set(report["digests"]) == {chosen, digest_of(loser)}, (name, report)
+    expected = sorted((x, datetime.fromisoformat(t)) for x, t in winner)
+    for name in NAMES:
+        assert held_rows(cluster, name, run_id) == expected, f"node {name}"
+        assert committed_runs(cluster.nodes[name].database_url)[run_id] == 1
+    twice_exact(cluster)
+
+
+def test_one_run_id_with_two_bodies_during_a_partition_ends_with_one_body_everywhere(
     cluster: Cluster,
 ) -> None:
-    """Each node keeps the rows it committed first; every node reports the conflict, both
-    digests and the same choice (the smaller digest)."""
-    cluster.ddl("a", "CREATE STREAM twice (x bigint, t timestamptz) WITH (event_time = 't')")
-    wait_until(
-        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/twice").status_code == 200,
-        "the stream to reach c",
-    )
-    one = '{"x": 1, "t": "2026-01-01T00:00:00Z"}\n'
-    two = '{"x": 2, "t": "2026-01-01T00:00:00Z"}\n'
+    """A node cut off and a majority take the same run id with other rows; once healed,
+    every node reports the conflict and the same choice (the smaller digest), the nodes
+    that held the other rows replace them and compute the stream over them again, and
+    every node's view is exact over the same rows."""
+    twice_streams(cluster)
+    for i in range(4):  # history in the windows the bodies touch, folded by the reducers
+        rows = [(i, f"2026-01-01T00:0{m}:3{i}+00:00") for m in range(6)]
+        assert post_at(cluster, "a", "twice", f"before-{i}", ndjson(rows)).status_code == 200
+    same_runs(cluster)
+    loser, winner = two_bodies(1)
     cluster.cut("c")
     try:
-        alone = post_at(cluster, "c", "twice", "dup", one)
+        alone = post_at(cluster, "c", "twice", "dup", ndjson(loser))
         assert alone.status_code == 503, alone.text  # held by c alone: not acknowledged
-        majority = post_at(cluster, "a", "twice", "dup", two)
+        majority = post_at(cluster, "a", "twice", "dup", ndjson(winner))
         assert majority.status_code == 200, majority.text
     finally:
         cluster.heal()
-    reports = {}
-    for name in NAMES:
-
-        def reported(name: str = name) -> bool:
-            found = httpx.get(f"{cluster.nodes[name].url}/runs/dup", timeout=10).json()
-            reports[name] = found.get("conflict")
-            return bool(reports[name]) and len(reports[name]["digests"]) == 2
-
-        wait_until(reported, f"node {name} to report the conflict", timeout=60)
-    assert len({r["chosen"] for r in reports.values()}) == 1
-    assert reports["c"]["held_here"] != reports["a"]["held_here"]
-    assert reports["a"]["held_here"] == reports["b"]["held_here"]
+    settled(cluster, "dup", winner, loser)
     assert cluster.status("c")["conflicts"] == 1
+
+
+def test_a_node_killed_while_it_replaces_a_runs_rows_replaces_them_after_its_restart(
+    cluster: Cluster,
+) -> None:
+    """kill -9 of node c inside the transaction that puts the chosen rows in place of its
+    own: nothing of it is left, and after the restart c replaces them again, exactly."""
+    twice_streams(cluster)
+    c = cluster.nodes["c"]
+    loser, winner = two_bodies(2)
+    cluster.kill("c")
+    arm(c, "replace_rows:server:dup2")
+    cluster.start(["c"])
+    try:
+        cluster.cut("c")
+        try:
+            alone = post_at(cluster, "c", "twice", "dup2", ndjson(loser))
+            assert alone.status_code == 503, alone.text
+            majority = post_at(cluster, "a", "twice", "dup2", ndjson(winner))
+            assert majority.status_code == 200, majority.text
+        finally:
+            cluster.heal()
+        strike = fired(c, "replace_rows", "dup2", within=90)
+        assert strike["in_flight"]["rows"] > len(winner), strike  # the history recomputed
+        # The server died inside the transaction; its PostgreSQL lives on and holds c's
+        # own rows, with everything computed from them, as before.
+        as_posted = sorted((x, datetime.fromisoformat(t)) for x, t in loser)
+        assert held_rows(cluster, "c", "dup2") == as_posted
+        twice_exact(cluster, ("c",))
+        cluster.kill("c")
+    finally:
+        disarm(c)
+    cluster.start(["c"])
+    settled(cluster, "dup2", winner, loser)
 
 
 def test_a_wiped_node_starts_empty_and_takes_every_run_from_its_peers(

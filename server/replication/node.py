@@ -45,6 +45,7 @@ from server.ingest.parse import arrow_schema
 from server.replication import state
 from server.replication.digest import digest
 from server.replication.peers import Peer, PeerRefused, PeerUnreachable
+from server.replication.replace import Unreplaceable, replace_rows
 from server.service import StrataService, Within
 from server.settings import Settings
 
@@ -70,6 +71,8 @@ class Node:
         self.min_copies = settings.min_copies
         self.peers = [Peer(url, token, settings.peer_timeout) for url in settings.peers]
         self._ddl_lock = threading.Lock()  # one statement applied at a time
+        # Runs in conflict whose rows this node cannot replace, and why (replace.py).
+        self.unreplaceable: dict[str, str] = {}
         # The owner orders new DDL only once it holds the cluster's log (see recover_ddl).
         self._log_held = not self.is_owner
         with self.engine.connect() as connection:
@@ -354,20 +357,63 @@ class Node:
 
     def conflict(self, run_id: str) -> dict[str, object] | None:
         """What GET /runs/{id} says of a run id two nodes took with different rows: every
-        digest seen, the one the cluster's rule chooses (the smallest) and the one held
-        here; None without a conflict."""
+        digest seen, the one the cluster's rule chooses (the smallest), the one held here
+        (the chosen one once this node has replaced its rows), and why this node cannot
+        replace them, if it cannot; None without a conflict."""
         with self.engine.connect() as connection:
             noted = state.conflicts_of(connection, run_id)
-        if not noted:
+            held = self._digest_of(run_id)
+        if not noted or held is None:
             return None
-        held = noted[0][1]
-        digests = sorted({held, *(other for _, _, other in noted)})
-        return {
+        digests = sorted({held, *(d for _, kept, other in noted for d in (kept, other))})
+        chosen = min(held, *(other for _, _, other in noted))
+        answer: dict[str, object] = {
             "digests": digests,
-            "chosen": digests[0],
+            "chosen": chosen,
             "held_here": held,
             "peers": sorted(peer for peer, _, _ in noted),
         }
+        if run_id in self.unreplaceable:
+            answer["not_replaced"] = self.unreplaceable[run_id]
+        return answer
+
+    def settle_conflicts(self) -> int:
+        """Replace the rows of every run in conflict this node holds other than the
+        cluster's choice with the chosen rows, taken from a peer holding them
+        (replace.py); how many were replaced."""
+        with self.engine.connect() as connection:
+            unsettled = state.unsettled(connection)
+        replaced = 0
+        for run_id, (held, others) in unsettled.items():
+            chosen = min(held, *others.values())
+            holders = [p for p in self.peers if p.name is not None and others.get(p.name) == chosen]
+            for peer in sorted(holders, key=lambda p: not p.reachable):
+                try:
+                    body = peer.rows(run_id)
+                except (PeerUnreachable, PeerRefused) as failed:
+                    log.info(
+                        "run %s: the chosen rows not taken from %s: %s", run_id, peer.url, failed
+                    )
+                    continue
+                there = digest(body)
+                if there != chosen:  # the peer's rows changed meanwhile: a digest more
+                    self.compare(run_id, peer.name or peer.url, held, there)
+                    continue
+                pipeline = self.service.pipeline
+                try:
+                    done = replace_rows(
+                        self.engine, self.service.plans, pipeline.backend, run_id, body, chosen
+                    )
+                except Unreplaceable as why:
+                    if run_id not in self.unreplaceable:
+                        log.warning("run %s: its rows here are not replaced: %s", run_id, why)
+                    self.unreplaceable[run_id] = str(why)
+                    break
+                if done:
+                    replaced += 1
+                    self.unreplaceable.pop(run_id, None)
+                break
+        return replaced
 
     def rows_of(self, run_id: str) -> tuple[RunRecord, pa.Table]:
         """A run this node holds, with its rows (from the spool while it is pending, from

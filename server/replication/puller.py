@@ -1,5 +1,6 @@
 """The background threads of a cluster node: a ``Puller`` per peer takes the runs the peer
-committed that this node lacks, and a ``DdlFollower`` applies the owner's DDL as it comes.
+committed that this node lacks, a ``DdlFollower`` applies the owner's DDL as it comes, and
+a ``Settler`` gives the runs in conflict the rows the cluster chose.
 
 A puller keeps, in this node's catalog, a cursor per peer incarnation: the position in
 the peer's commit log up to which this node holds (or has refused for good) every run.
@@ -128,3 +129,24 @@ class DdlFollower(Background):
                 pass  # a peer is out of reach: the next round tries again
             except Exception:
                 self.log.exception("applying the DDL of %s failed; retrying", self.node.owner)
+
+
+class Settler(Background):
+    """Replaces the rows of the runs in conflict this node holds other than the cluster's
+    choice (Node.settle_conflicts)."""
+
+    name = "conflict-settler"
+
+    def __init__(self, node: Node, interval: float) -> None:
+        self.node = node
+        self.interval = interval
+        super().__init__()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval):
+            try:
+                self.node.settle_conflicts()
+            except sa.exc.OperationalError as error:
+                self.log.warning("settling conflicts: %s", str(error.orig).strip())
+            except Exception:
+                self.log.exception("settling conflicts failed; retrying")

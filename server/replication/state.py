@@ -252,6 +252,25 @@ def conflicts_of(connection: sa.Connection, run_id: str) -> list[tuple[str, str,
     return [(r.peer, r.kept, r.other) for r in rows]
 
 
+def unsettled(connection: sa.Connection) -> dict[str, tuple[str, dict[str, str]]]:
+    """The committed runs in conflict whose rows here are not the cluster's choice (the
+    smallest digest seen): run id -> (digest held here, each peer's digest)."""
+    rows = connection.execute(
+        sa.select(runs.c.run_id, runs.c.digest, run_conflicts.c.peer, run_conflicts.c.other)
+        .select_from(run_conflicts.join(runs, runs.c.run_id == run_conflicts.c.run_id))
+        .where(runs.c.status == "committed")
+        .order_by(runs.c.run_id, run_conflicts.c.peer)
+    ).all()
+    found: dict[str, tuple[str, dict[str, str]]] = {}
+    for row in rows:
+        found.setdefault(row.run_id, (row.digest, {}))[1][row.peer] = row.other
+    return {
+        run_id: (held, others)
+        for run_id, (held, others) in found.items()
+        if min(held, *others.values()) != held
+    }
+
+
 def conflict_count(connection: sa.Connection) -> int:
     return int(
         connection.execute(
