@@ -269,10 +269,23 @@ TWICE_COUNTS = (
     "CREATE STREAM twice_counts AS SELECT count(*) AS n, sum(x) AS total, window_start "
     "FROM TUMBLE(twice, t, INTERVAL '1 minute') GROUP BY window_start"
 )
-TWICE_ORACLE = (
-    "SELECT count(*), sum(x), to_timestamp(floor(extract(epoch FROM t) / 60) * 60) "
-    "FROM twice GROUP BY 3"
+SIDE = "CREATE STREAM side (k bigint, y bigint, t timestamptz) WITH (event_time = 't')"
+PAIRS = "CREATE STREAM twice_side AS SELECT w.x, s.y, w.t FROM twice w JOIN side s ON w.x = s.k"
+PAIR_COUNTS = (
+    "CREATE STREAM pair_counts AS SELECT count(*) AS n, sum(y) AS ys, window_start "
+    "FROM TUMBLE(twice_side, t, INTERVAL '1 minute') GROUP BY window_start"
 )
+MINUTE = "to_timestamp(floor(extract(epoch FROM w.t) / 60) * 60)"
+# Each view of the streams over ``twice``, and the batch query over the raw rows it equals.
+TWICE_VIEWS = {
+    "SELECT n, total, window_start FROM twice_counts": (
+        f"SELECT count(*), sum(x), {MINUTE} FROM twice w GROUP BY 3"
+    ),
+    "SELECT x, y, t FROM twice_side": "SELECT w.x, s.y, w.t FROM twice w JOIN side s ON w.x = s.k",
+    "SELECT n, ys, window_start FROM pair_counts": (
+        f"SELECT count(*), sum(s.y), {MINUTE} FROM twice w JOIN side s ON w.x = s.k GROUP BY 3"
+    ),
+}
 Rows = list[tuple[int, str]]
 
 
@@ -326,41 +339,52 @@ def twice_exact(cluster: Cluster, names: tuple[str, ...] = NAMES) -> None:
     rows, and every node's view is the same."""
     seen = []
     for name in names:
+        views = []
         with psycopg.connect(cluster.nodes[name].database_url) as connection:
-            view = canonical(
-                connection.execute("SELECT n, total, window_start FROM twice_counts").fetchall()
-            )
-            batch = canonical(connection.execute(TWICE_ORACLE).fetchall())
-        assert view == batch, f"node {name}: the view differs from the batch query"
-        seen.append(view)
+            for view, oracle in TWICE_VIEWS.items():
+                got = canonical(connection.execute(view).fetchall())
+                assert got, f"node {name}: {view} is empty"
+                batch = canonical(connection.execute(oracle).fetchall())
+                assert got == batch, f"node {name}: {view} differs from the batch query"
+                views.append(got)
+        seen.append(views)
     assert all(v == seen[0] for v in seen), "nodes disagree"
 
 
 def twice_streams(cluster: Cluster) -> None:
-    """Stream ``twice`` and its counts, on every node."""
-    if httpx.get(f"{cluster.nodes['a'].url}/streams/twice_counts").status_code == 404:
-        cluster.ddl("a", TWICE)
-        cluster.ddl("a", TWICE_COUNTS)
+    """Stream ``twice``, its counts, its join with ``side`` and counts over the join, on
+    every node; ``side`` has rows matching some of each body of two_bodies."""
+    if httpx.get(f"{cluster.nodes['a'].url}/streams/pair_counts").status_code == 404:
+        for statement in (TWICE, TWICE_COUNTS, SIDE, PAIRS, PAIR_COUNTS):
+            assert cluster.ddl("a", statement).status_code == 201, statement
+        keys = [run * 1000 + n for run in (1, 2) for n in (1, 2, 10, 100)]
+        rows = [{"k": k, "y": k % 7, "t": "2026-01-01T00:00:00+00:00"} for k in keys]
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        assert post_at(cluster, "a", "side", "side-1", text).status_code == 200
     wait_until(
-        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/twice_counts").status_code == 200,
+        lambda: httpx.get(f"{cluster.nodes['c'].url}/streams/pair_counts").status_code == 200,
         "the streams to reach c",
     )
 
 
 def settled(cluster: Cluster, run_id: str, winner: Rows, loser: Rows) -> None:
-    """Every node reports the conflict, holds the chosen rows and is exact."""
+    """Every node holds the chosen rows (GET /runs/{id} gives their digest) and is exact;
+    node c, which took the other rows, reports the conflict, and every node that noted it
+    reports the same choice."""
     chosen = digest_of(winner)
-    reports: dict[str, dict] = {}
+    answers: dict[str, dict] = {}
     for name in NAMES:
 
         def holds_the_choice(name: str = name) -> bool:
-            found = httpx.get(f"{cluster.nodes[name].url}/runs/{run_id}", timeout=10).json()
-            reports[name] = found.get("conflict") or {}
-            return reports[name].get("held_here") == chosen
+            answers[name] = httpx.get(f"{cluster.nodes[name].url}/runs/{run_id}", timeout=10).json()
+            return answers[name].get("digest") == chosen
 
         wait_until(holds_the_choice, f"node {name} to hold the chosen rows of {run_id}", timeout=90)
+    reports = {name: answer["conflict"] for name, answer in answers.items() if "conflict" in answer}
+    assert "c" in reports, answers
     for name, report in reports.items():
-        assert report["chosen"] == chosen and "not_replaced" not in report, (name, report)
+        assert report["chosen"] == report["held_here"] == chosen, (name, report)
+        assert "not_replaced" not in report, (name, report)
         assert set(report["digests"]) == {chosen, digest_of(loser)}, (name, report)
     expected = sorted((x, datetime.fromisoformat(t)) for x, t in winner)
     for name in NAMES:

@@ -355,6 +355,15 @@ class Node:
         with self.engine.begin() as connection:
             state.note_conflict(connection, run_id, peer, here, str(there))
 
+    def run_facts(self, run_id: str) -> dict[str, object]:
+        """What GET /runs/{id} adds in a cluster: the digest of the rows held here, and the
+        conflict if one was noted."""
+        facts: dict[str, object] = {"digest": self._digest_of(run_id)}
+        conflict = self.conflict(run_id)
+        if conflict is not None:
+            facts["conflict"] = conflict
+        return facts
+
     def conflict(self, run_id: str) -> dict[str, object] | None:
         """What GET /runs/{id} says of a run id two nodes took with different rows: every
         digest seen, the one the cluster's rule chooses (the smallest), the one held here

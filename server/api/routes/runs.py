@@ -114,7 +114,5 @@ async def get_run(
         raise UnknownRun(f"run {run_id!r} does not exist")
     shown = record.to_dict()
     if service.cluster is not None:
-        conflict = await run_in_threadpool(service.cluster.conflict, run_id)
-        if conflict is not None:
-            shown["conflict"] = conflict
+        shown |= await run_in_threadpool(service.cluster.run_facts, run_id)
     return shown
