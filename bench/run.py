@@ -1,6 +1,6 @@
 """Run every benchmark of bench/ and report their figures: `make bench`, `make bench-smoke`.
 
-    python -m bench.run [--scale full|smoke] [--only NAME ...] [--out DIR]
+    python -m bench.run [--scale full|smoke] [--only NAME ...] [--skip NAME ...] [--out DIR]
                         [--readme PATH | --no-readme]
 
 A benchmark is a module of the package bench that defines ``benchmark(scale) ->
@@ -17,8 +17,8 @@ bench/results/smoke for the smoke scale):
 
 At the full scale it also replaces the part of README.md between ``<!-- bench:start -->``
 and ``<!-- bench:end -->`` with the table (``--readme`` names another file, for tests;
-``--no-readme`` leaves it alone). With ``--only``, the table and the chart also show the
-other benchmarks as their last run at the same scale left them in ``--out``
+``--no-readme`` leaves it alone). With ``--only`` (or ``--skip``), the table and the chart
+also show the other benchmarks as their last run at the same scale left them in ``--out``
 (``<name>.json``, dated in the table's heading), so that running one benchmark updates
 its rows and keeps the others'. A benchmark that fails does not stop the others; the
 runner exits non-zero if any failed.
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scale", choices=SCALES, default="full", help="(full)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these benchmarks only")
+    parser.add_argument("--skip", nargs="+", metavar="NAME", help="all but these benchmarks")
     parser.add_argument("--out", type=Path, help="results dir (bench/results[/smoke])")
     readme = parser.add_mutually_exclusive_group()
     readme.add_argument("--readme", type=Path, help="file whose bench section to replace")
@@ -262,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no such benchmark: {', '.join(unknown)} (there are {', '.join(every)})")
         names = [n for n in every if n in args.only]
+    if args.skip:
+        unknown = sorted(set(args.skip) - set(every))
+        if unknown:
+            parser.error(f"no such benchmark: {', '.join(unknown)} (there are {', '.join(every)})")
+        names = [n for n in names if n not in args.skip]
     out = args.out or (BENCH / "results" / ("smoke" if scale == "smoke" else ""))
     target = None if args.no_readme else args.readme or (README if scale == "full" else None)
     if target is not None and START not in target.read_text():

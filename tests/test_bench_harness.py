@@ -4,13 +4,15 @@ examples of its docstrings."""
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.harness import data, lateness, nexmark
+from bench import peer_flink
+from bench.harness import data, flink, lateness, nexmark
 from bench.harness import percentile as percentile_module
 from bench.harness.data import HOUR_MS, day_timestamp
 from bench.harness.lateness import HOURS_LATE
@@ -64,3 +66,53 @@ def test_the_auction_workload() -> None:
         for line in body.decode().splitlines()[1:]:
             auction, _, _, at = line.split(",")
             assert day_timestamp(opened[int(auction)]) <= at
+
+
+def test_flink_reads_the_runs_in_arrival_order(tmp_path: Path) -> None:
+    """bench.harness.flink: the runs as one CSV file for Flink's filesystem source, in their
+    order, without headers, instants as Flink's CSV format reads a TIMESTAMP(3)."""
+    bodies = [
+        b"campaign,user_id,price,t\nc1,1,0.5000,2024-01-01T00:10:00.004Z\n",
+        b"campaign,user_id,price,t\nc2,2,1.2500,2024-01-01T00:00:59Z\n",
+    ]
+    flink.flink_csv(bodies, tmp_path / "in.csv")
+    assert (tmp_path / "in.csv").read_bytes() == (
+        b"c1,1,0.5000,2024-01-01 00:10:00.004\nc2,2,1.2500,2024-01-01 00:00:59\n"
+    )
+    sink = tmp_path / "out"
+    (sink / "sub").mkdir(parents=True)
+    (sink / "part-0").write_bytes(b"a\n")
+    (sink / "sub" / "part-1").write_bytes(b"b\n")
+    (sink / ".part-2.inprogress").write_bytes(b"unfinished\n")
+    assert flink.read_output(sink) == b"a\nb\n"
+    assert any(r.startswith("apache-flink==") for r in flink.requirements())
+
+
+def test_the_flink_peers_workloads(tmp_path: Path) -> None:
+    """bench/peer_flink.py's issue-29 workload: a fifth of the runs, each 1.5-2.8 hours late;
+    every workload's Flink job reads its source once and writes each output."""
+    size = peer_flink.SCALES["full"]
+    (impressions,) = peer_flink.workloads(size, ("impressions",))
+    runs = impressions.data
+    assert runs.rows == 600_000 and len(runs.bodies) == 30 and len(runs.late_runs) == 6
+    assert sum(runs.rows_per_body[i] for i in runs.late_runs) == 120_000
+    # Each late run arrives after the runs of up to its delay later (a run is 12 minutes).
+    behind = [
+        _newest(runs.bodies[:index]) - _newest(runs.bodies[index : index + 1])
+        for index in runs.late_runs
+    ]
+    assert all(1.5 * HOUR_MS - 12 * 60_000 <= ms <= 2.8 * HOUR_MS for ms in behind), behind
+    (small,) = peer_flink.workloads(peer_flink.SCALES["smoke"], ("impressions",))
+    assert len(small.data.bodies) == 30 and len(small.data.late_runs) == 6
+    smoke = peer_flink.workloads(peer_flink.SCALES["smoke"], peer_flink.WORKLOADS)
+    assert [w.name for w in smoke] == list(peer_flink.WORKLOADS)
+    job = peer_flink.flink_job(smoke[1], tmp_path)
+    assert len(job.inserts) == len(job.outputs) == 3 and job.runs == 2
+    assert "WATERMARK FOR t AS t - INTERVAL '240' MINUTE(3)" in job.statements[0]
+
+
+def _newest(bodies: list[bytes]) -> int:
+    """The latest event time of the impressions in ``bodies``, in ms of the day."""
+    newest = max(line.split(b",")[3] for body in bodies for line in body.splitlines()[1:])
+    hours, minutes, seconds = newest.decode()[11:-1].split(":")
+    return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * 1000)

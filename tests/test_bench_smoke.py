@@ -76,6 +76,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
     readme.write_text(README.read_text())
     out = tmp_path / "results"
     command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
+    # Flink's peer (its own environment, ~850 MB installed on first use, and a JVM more) takes
+    # more than CI's share: test_flink_peer_smoke runs it with the slow tests.
+    command += ["--skip", "peer_flink"]
     done = subprocess.run(
         [*command, "--readme", str(readme)], cwd=ROOT, capture_output=True, text=True
     )
@@ -101,3 +104,29 @@ def test_bench_smoke(tmp_path: Path) -> None:
     # The copy's section holds the table; the repository's README is untouched.
     assert summary in readme.read_text()
     assert "Scale `smoke`" not in README.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_flink_peer_smoke(tmp_path: Path) -> None:
+    """bench/peer_flink.py at tiny scale through bench/run.py: every workload in both engines,
+    Strata exact, Flink missing the rows behind its watermark and none of HiBench's."""
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--only", "peer_flink"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    result = json.loads((out / "peer_flink.json").read_text())
+    assert result["error"] is None, result
+    figures = result["figures"]
+    assert len(figures) == 2 * 6  # throughput and rows missing per workload
+    for figure in figures:
+        assert figure["baseline_name"] == "Apache Flink SQL"
+        if figure["unit"] == "rows":
+            assert figure["value"] == 0, figure  # Strata misses nothing
+            late = "late" in figure["figure"]
+            assert (figure["baseline"] > 0) == late, figure  # Flink only the late rows
+        else:
+            assert figure["value"] > 0 and figure["baseline"] > 0, figure
