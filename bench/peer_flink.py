@@ -1,6 +1,6 @@
 """Strata against Apache Flink SQL: the same rows, the same aggregates, in the same run.
 
-    python -m bench.peer_flink [--scale full|smoke] [--only NAME ...] [--threads 4] [--keep]
+    python -m bench.peer_flink [--scale full|smoke] [--only WORKLOAD ...] [--threads 4] [--keep]
 
 The peer is what a Flink user runs to get windowed aggregates of files: Flink SQL in
 PyFlink's local mini-cluster (``apache-flink`` from PyPI, in a virtual environment of its
@@ -28,6 +28,14 @@ engines in one run on one machine:
   record into its sink; repartition, wordcount and fixwindow are Strata's SQL as Flink SQL
   (a count per session and per word over a one-day window, per ip over 10-second
   windows), watermark 1 minute as bench/hibench.py's Spark peer.
+* **Nexmark** (bench/nexmark.py's events: 40,000 person, auction and bid events over 6
+  hours, 20% of each stream's runs 1 to 6 hours late): the queries whose results Flink
+  can write to a file (bench.harness.nexmark_flink: q0-q3, q7, q8, q10-q14, q20-q23;
+  not those whose results Flink updates), each query alone, its inputs one CSV file a
+  stream, watermark 1 hour as bench/nexmark.py's Spark peer. Rows missing here are rows
+  of the batch result that the engine's result lacks (a window counted short is one row
+  missing and one over-produced). Strata takes each query once (its server warm from the
+  workloads before), Flink twice as everywhere.
 
 How each engine is timed, the same for every workload: each takes the workload twice and
 the second (warm) pass is timed. **Flink**: the runs' rows in arrival order in one CSV file
@@ -68,6 +76,7 @@ import httpx
 import psycopg
 
 from bench import hibench
+from bench import nexmark as nexmark_bench
 from bench.harness.api import HTTP_TIMEOUT, create_stream, post_runs
 from bench.harness.data import DAY_MS, HOUR_MS, Dataset
 from bench.harness.database import copy_baseline, fetch_one
@@ -76,6 +85,17 @@ from bench.harness.flink import FlinkJob, FlinkOutcome, copy_output, flink_csv, 
 from bench.harness.impressions import COLUMNS as IMPRESSION_COLUMNS
 from bench.harness.impressions import generate
 from bench.harness.lateness import MIXED, ON_TIME
+from bench.harness.nexmark_flink import (
+    FLINK_QUERIES,
+    NOTES,
+    side_input_csv,
+    source_columns,
+)
+from bench.harness.nexmark_queries import QUERIES, Query
+from bench.harness.nexmark_streams import STREAMS as NEXMARK_STREAMS
+from bench.harness.nexmark_streams import Workload as Auctions
+from bench.harness.nexmark_streams import create_statement
+from bench.harness.nexmark_streams import generate as generate_auctions
 from bench.harness.results import Result, Timing, check_scale, print_table
 from bench.harness.server import (
     Server,
@@ -268,13 +288,16 @@ class Scale:
     ingest_run_rows: int
     hibench_runs: int
     hibench_run_rows: int
+    nexmark: nexmark_bench.Scale
 
 
 SCALES = {
-    "full": Scale(600_000, 20_000, 1_000_000, 50_000, 50, 20_000),
-    "smoke": Scale(6_000, 200, 6_000, 1_000, 4, 500),
+    "full": Scale(600_000, 20_000, 1_000_000, 50_000, 50, 20_000, nexmark_bench.SCALES["full"]),
+    "smoke": Scale(
+        6_000, 200, 6_000, 1_000, 4, 500, nexmark_bench.Scale(1_000, 250, 2, ("q0", "q3", "q12"))
+    ),
 }
-WORKLOADS = ("impressions", "ingest", *(f"hibench_{w}" for w in hibench.WORKLOADS))
+WORKLOADS = ("impressions", "ingest", *(f"hibench_{w}" for w in hibench.WORKLOADS), "nexmark")
 
 
 def impressions_late(rows: int, run_rows: int, seed: int) -> Dataset:
@@ -451,6 +474,105 @@ def _check(
     return lost, over, wrong, groups
 
 
+# ---- Nexmark -------------------------------------------------------------------------------
+
+
+def nexmark_queries(size: Scale) -> list[Query]:
+    """The queries Flink can write to a file (bench.harness.nexmark_flink), of the scale's."""
+    wanted = size.nexmark.queries or tuple(FLINK_QUERIES)
+    return [q for q in QUERIES if q.name in FLINK_QUERIES and q.name in wanted]
+
+
+def nexmark_runs(auctions: Auctions, streams: tuple[str, ...]) -> tuple[Dataset, list[str]]:
+    """The runs of ``streams``, in arrival order, and the stream of each."""
+    mine = [run for run in auctions.runs if run.stream in streams]
+    late = [n for n, run in enumerate(mine) if run.late]
+    return Dataset([r.body for r in mine], [r.rows for r in mine], late), [r.stream for r in mine]
+
+
+def nexmark_jobs(auctions: Auctions, queries: list[Query], work: Path) -> list[FlinkJob]:
+    """A Flink job per query: its inputs (one CSV file a stream, the runs in arrival order),
+    its text, its sink made by CREATE TABLE ... AS SELECT (the query's own columns)."""
+    files = {stream: work / f"nexmark_{stream}.csv" for stream in NEXMARK_STREAMS}
+    for stream, path in files.items():
+        flink_csv([run.body for run in auctions.runs if run.stream == stream], path)
+    side = work / "nexmark_side_input.csv"
+    side.write_bytes(side_input_csv())
+    # An empty field is NULL, as PostgreSQL's COPY (and Strata) read it.
+    csv = "'format' = 'csv', 'csv.null-literal' = ''"
+    jobs = []
+    for query in queries:
+        statements = [
+            f"CREATE TABLE {stream} ({source_columns(stream)}) WITH ("
+            f"'connector' = 'filesystem', 'path' = '{files[stream]}', {csv})"
+            for stream in query.inputs
+        ]
+        if "side_input" in FLINK_QUERIES[query.name]:
+            statements.append(
+                "CREATE TABLE side_input (`key` BIGINT, `value` STRING) WITH ("
+                f"'connector' = 'filesystem', 'path' = '{side}', {csv})"
+            )
+        directory = work / "flink-out" / f"nexmark_{query.name}"
+        sink = f"{query.name}_sink"
+        ctas = (
+            f"CREATE TABLE {sink} WITH ('connector' = 'filesystem', 'path' = '{directory}', "
+            f"{csv}) AS {FLINK_QUERIES[query.name]}"
+        )
+        jobs.append(
+            FlinkJob(
+                f"nexmark_{query.name}",
+                statements,
+                [ctas],
+                [str(directory)],
+                reset=[f"DROP TABLE IF EXISTS {sink}"],
+            )
+        )
+    return jobs
+
+
+def nexmark_flink(
+    database_url: str, query: Query, outcome: FlinkOutcome, work: Path
+) -> tuple[float, float, nexmark_bench.Accuracy]:
+    """Flink's warm run of ``query`` (wall and net seconds) and its rows against the batch."""
+    last = outcome.of(f"nexmark_{query.name}")[-1]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {nexmark_bench.BATCH}, public")  # type: ignore[arg-type]
+        cursor = conn.execute(f"SELECT * FROM ({query.batch}) b LIMIT 0")  # type: ignore[arg-type]
+        width = len(cursor.description or ())
+    names = ", ".join(f"c{k}" for k in range(width))  # the batch's types, unique names
+    table = f"public.flink_{query.name}"
+    copy_output(
+        database_url,
+        work / "flink-out" / f"nexmark_{query.name}",
+        table,
+        f"AS SELECT * FROM ({query.batch}) b({names}) WITH NO DATA",
+        search_path=f"{nexmark_bench.BATCH}, public",
+    )
+    return last.wall_s, last.net_s, nexmark_bench.accuracy(database_url, query, table)
+
+
+def nexmark_strata(
+    server: Server, auctions: Auctions, query: Query, threads: int
+) -> tuple[Timing, nexmark_bench.Accuracy]:
+    """The query alone in Strata: its input streams and its streams created, the inputs' runs
+    posted by ``threads`` clients without waiting until all are committed, the view
+    checked, everything dropped again."""
+    with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
+        for stream in query.inputs:
+            create_stream(client, create_statement(stream))
+        for statement in query.streams:
+            create_stream(client, statement)
+        data, streams = nexmark_runs(auctions, query.inputs)
+        timing = post_runs(server, data, threads, "async", streams)
+        timing.name = f"Strata nexmark {query.name}"
+        checked = nexmark_bench.accuracy(server.database_url, query, f"public.{query.name}")
+        for name in (query.name, *reversed(query.inputs)):
+            response = client.delete(f"/streams/{name}")
+            if response.status_code != 200:
+                raise BenchError(f"dropping {name}: {response.status_code} {response.text}")
+    return timing, checked
+
+
 # ---- the benchmark ---------------------------------------------------------------------------
 
 
@@ -466,6 +588,13 @@ def run(
     size = SCALES[check_scale(scale)]
     started = time.monotonic()
     chosen = workloads(size, names)
+    auctions, queries = None, []
+    if "nexmark" in names:
+        n = size.nexmark
+        auctions = generate_auctions(
+            n.events, n.run_events, nexmark_bench.SEED, late=0.2, span_ms=n.span_hours * HOUR_MS
+        )
+        queries = nexmark_queries(size)
     timings = [
         Timing(
             "generate CSV",
@@ -477,7 +606,12 @@ def run(
     work = Path(tempfile.mkdtemp(prefix="strata-flink-"))
     server: Server | None = None
     problems: list[str] = []
-    results: dict[str, Any] = {"scale": scale, "cpus": os.cpu_count(), "workloads": {}}
+    results: dict[str, Any] = {
+        "scale": scale,
+        "cpus": os.cpu_count(),
+        "workloads": {},
+        "nexmark": {},
+    }
     failed = True
     try:
         server = start_server(work)
@@ -487,10 +621,15 @@ def run(
             copy = copy_baseline(url, workload.data, plain, workload.columns)
             copy.name = f"COPY {plain}"
             timings.append(copy)
+        if auctions is not None:
+            nexmark_bench.load_batch_tables(url, auctions)
         results["load_average_before"] = os.getloadavg()[0]
 
         phase = time.monotonic()
-        outcome = run_flink([flink_job(w, work) for w in chosen], work)
+        jobs = [flink_job(w, work) for w in chosen]
+        if auctions is not None:
+            jobs += nexmark_jobs(auctions, queries, work)
+        outcome = run_flink(jobs, work)
         timings.append(
             Timing("Flink (every job)", 0, time.monotonic() - phase, "one JVM, two runs a job")
         )
@@ -507,6 +646,10 @@ def run(
             )
             timing.name = f"Strata {workload.name}"
             timings.append(timing)
+        if auctions is not None:
+            results["nexmark"] = nexmark_figures(
+                server, auctions, queries, outcome, work, threads, timings, problems
+            )
         results["load_average_after"] = os.getloadavg()[0]
 
         for workload in chosen:
@@ -549,6 +692,48 @@ def run(
     return results
 
 
+def nexmark_figures(
+    server: Server,
+    auctions: Auctions,
+    queries: list[Query],
+    outcome: FlinkOutcome,
+    work: Path,
+    threads: int,
+    timings: list[Timing],
+    problems: list[str],
+) -> dict[str, dict[str, Any]]:
+    """Each query in Flink (its warm run, already done) and in Strata, checked."""
+    found: dict[str, dict[str, Any]] = {}
+    for query in queries:
+        data, _ = nexmark_runs(auctions, query.inputs)
+        entry: dict[str, Any] = {"inputs": list(query.inputs), "events": data.rows}
+        if query.name in NOTES:
+            entry["flink_note"] = NOTES[query.name]
+        try:
+            wall, net, theirs = nexmark_flink(server.database_url, query, outcome, work)
+        except BenchError as error:  # a query Flink refuses is a finding, not a crash
+            entry["flink_error"] = str(error)[:300]
+        else:
+            timings.append(Timing(f"Flink nexmark {query.name}", data.rows, wall))
+            entry |= {
+                "flink_events_per_s": round(data.rows / wall),
+                "flink_seconds": round(wall, 3),
+                "flink_net_s": round(net, 3),
+                "flink": vars(theirs),
+            }
+        timing, ours = nexmark_strata(server, auctions, query, threads)
+        timings.append(timing)
+        entry |= {
+            "strata_events_per_s": round(timing.rows_per_s),
+            "strata_seconds": round(timing.seconds, 3),
+            "strata": vars(ours),
+        }
+        if ours.rows_lost or ours.rows_over_produced:
+            problems.append(f"Strata nexmark {query.name}: {ours}")
+        found[query.name] = entry
+    return found
+
+
 def print_report(results: dict[str, Any]) -> None:
     print(
         f"\n{'workload':<22} {'Strata rows/s':>14} {'Flink rows/s':>13} {'ratio':>6}  "
@@ -562,6 +747,20 @@ def print_report(results: dict[str, Any]) -> None:
             f"{f['ratio']:>6.2f}  {f['strata_missing']:>14,} "
             f"{share:>18}  "
             f"{f['flink_net_s']:.2f}s / {f['flink_first_run_s']:.2f}s"
+        )
+    if results["nexmark"]:
+        print(
+            f"\n{'Nexmark':<8} {'events':>7} {'Strata ev/s':>12} {'Flink ev/s':>11} "
+            f"{'Strata lost':>12} {'Flink lost / over':>18} {'batch rows':>11}"
+        )
+    for name, f in results["nexmark"].items():
+        theirs = f.get("flink")
+        flink = f"{f['flink_events_per_s']:>11,}" if theirs else f"{'-':>11}"
+        lost = f"{theirs['rows_lost']:,} / {theirs['rows_over_produced']:,}" if theirs else "-"
+        print(
+            f"{name:<8} {f['events']:>7,} {f['strata_events_per_s']:>12,} {flink} "
+            f"{f['strata']['rows_lost']:>12,} {lost:>18} {f['strata']['batch_rows']:>11,}"
+            + (f"  Flink: {f['flink_error']}" if "flink_error" in f else "")
         )
     print(
         f"\n{results['cpus']} CPUs; load average (1 min) {results['load_average_before']:.2f} "
@@ -605,6 +804,41 @@ def figures(results: dict[str, Any]) -> list[Result]:
                 "rows",
                 "lower",
                 context=context,
+            )
+        )
+    for name, f in results["nexmark"].items():
+        theirs = f.get("flink")
+        if not theirs:
+            continue
+        context = {
+            "events": f["events"],
+            "strata_seconds": f["strata_seconds"],
+            "flink_seconds": f["flink_seconds"],
+            "flink_net_s": f["flink_net_s"],
+            "batch_rows": theirs["batch_rows"],
+        }
+        what = f"Nexmark {name}, {f['events']:,} events, 20% of the runs 1-6 h late"
+        out.append(
+            Result(
+                f"{what}: throughput, warm",
+                f["strata_events_per_s"],
+                f["flink_events_per_s"],
+                PEER,
+                "events/s",
+                "higher",
+                notes=f.get("flink_note", ""),
+                context=context,
+            )
+        )
+        out.append(
+            Result(
+                f"{what}: result rows missing",
+                f["strata"]["rows_lost"],
+                theirs["rows_lost"],
+                PEER,
+                "rows",
+                "lower",
+                context=context | {"flink_rows_over_produced": theirs["rows_over_produced"]},
             )
         )
     return out

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import peer_flink
-from bench.harness import data, flink, lateness, nexmark
+from bench.harness import data, flink, lateness, nexmark, nexmark_flink, nexmark_queries
 from bench.harness import percentile as percentile_module
 from bench.harness.data import HOUR_MS, day_timestamp
 from bench.harness.lateness import HOURS_LATE
@@ -105,7 +105,7 @@ def test_the_flink_peers_workloads(tmp_path: Path) -> None:
     (small,) = peer_flink.workloads(peer_flink.SCALES["smoke"], ("impressions",))
     assert len(small.data.bodies) == 30 and len(small.data.late_runs) == 6
     smoke = peer_flink.workloads(peer_flink.SCALES["smoke"], peer_flink.WORKLOADS)
-    assert [w.name for w in smoke] == list(peer_flink.WORKLOADS)
+    assert [w.name for w in smoke] == list(peer_flink.WORKLOADS[:-1])  # all but Nexmark's
     job = peer_flink.flink_job(smoke[1], tmp_path)
     assert len(job.inserts) == len(job.outputs) == 3 and job.runs == 2
     assert "WATERMARK FOR t AS t - INTERVAL '240' MINUTE(3)" in job.statements[0]
@@ -116,3 +116,16 @@ def _newest(bodies: list[bytes]) -> int:
     newest = max(line.split(b",")[3] for body in bodies for line in body.splitlines()[1:])
     hours, minutes, seconds = newest.decode()[11:-1].split(":")
     return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * 1000)
+
+
+def test_the_nexmark_queries_flink_runs() -> None:
+    """bench.harness.nexmark_flink: Nexmark queries of the harness, their sources with the
+    1-hour watermark of bench/nexmark.py's Spark peer, q13's side input as Strata's."""
+    names = {q.name for q in nexmark_queries.QUERIES}
+    assert set(nexmark_flink.FLINK_QUERIES) <= names and set(nexmark_flink.NOTES) <= names
+    assert len(nexmark_flink.FLINK_QUERIES) == 15
+    bid = nexmark_flink.source_columns("bid")
+    assert bid.startswith("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING")
+    assert bid.endswith("WATERMARK FOR date_time AS date_time - INTERVAL '1' HOUR")
+    side = nexmark_flink.side_input_csv().decode().splitlines()
+    assert len(side) == nexmark_queries.SIDE_INPUT_KEYS and side[7] == "7,value-7"
