@@ -280,6 +280,7 @@ def cluster(args: argparse.Namespace) -> int:
         port=args.port,
         webui_port=args.webui_port,
         directory=directory,
+        join=args.join,
     )
     try:
         with local:
@@ -287,14 +288,15 @@ def cluster(args: argparse.Namespace) -> int:
                 json.dumps(
                     {
                         "master": local.master_url,
-                        "web_ui": local.web_url,
+                        "web_ui": None if args.join else local.web_url,
                         "workers": len(local.workers),
                         "logs": str(local.directory / "logs"),
                     }
                 ),
                 flush=True,
             )
-            print(f"export STRATA_SPARK_MASTER={local.master_url}", flush=True)
+            if not args.join:
+                print(f"export STRATA_SPARK_MASTER={local.master_url}", flush=True)
             while all(d.running() for d in [local.master, *local.workers] if d is not None):
                 time.sleep(1)
             print("strata: a Spark daemon exited; stopping the cluster", file=sys.stderr)
@@ -371,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     spark.add_argument("--port", type=int, default=7077, help="master port (7077)")
     spark.add_argument("--webui-port", type=int, default=8081, help="master web UI port (8081)")
     spark.add_argument("--dir", help="logs and work dirs (default: a temp dir, removed)")
+    spark.add_argument(
+        "--join",
+        metavar="MASTER",
+        help="add the workers to the running cluster of this master (spark://host:port) "
+        "instead of starting one; they leave it when this command stops",
+    )
     spark.set_defaults(run=cluster)
     args = parser.parse_args(argv)
     return int(args.run(args))

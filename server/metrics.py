@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -203,6 +203,34 @@ class Metrics:
 
     def http_error(self, status: int, error: str) -> None:
         self.http_errors.labels(str(status), error).inc()
+
+
+# ---- Spark's executors --------------------------------------------------------------------
+
+
+class ExecutorCollector(Collector):
+    """The executors Spark's driver has at each scrape (workers join and leave a
+    standalone cluster while Strata runs): how many, and the tasks they run."""
+
+    def __init__(self, executors: Callable[[], list[dict[str, object]]]) -> None:
+        self.executors = executors
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        found = self.executors()
+        count = GaugeMetricFamily(
+            "strata_spark_executors",
+            "Executors Spark's driver has (0 with local Spark, where the driver computes).",
+        )
+        count.add_metric([], len(found))
+        tasks = GaugeMetricFamily(
+            "strata_spark_running_tasks", "Tasks the executors are running now."
+        )
+        tasks.add_metric([], sum(int(str(e["running_tasks"])) for e in found))
+        yield count
+        yield tasks
 
 
 # ---- state in PostgreSQL -----------------------------------------------------------------

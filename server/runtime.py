@@ -25,7 +25,7 @@ from server.engines.spark import create_spark_session, jvm_pid, kill_driver_jvms
 from server.engines.warmup import Warmup
 from server.ingest.pipeline import IngestPipeline
 from server.ingest.spool import Spool
-from server.metrics import Metrics
+from server.metrics import ExecutorCollector, Metrics
 from server.pgwire.server import SqlPort
 from server.replication.metrics import ClusterCollector
 from server.replication.node import Node
@@ -129,6 +129,7 @@ def assemble(
     yet."""
     plans = PlanCache()
     metrics = Metrics(engine, plans)
+    metrics.registry.register(ExecutorCollector(backend.executors))
     spool = Spool(settings.spool_dir)
     pipeline = IngestPipeline(
         engine,

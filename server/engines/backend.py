@@ -160,6 +160,25 @@ class SparkBackend:
                 self._generation += 1
         raise SparkRestarted("the Spark JVM died during the job; it runs again") from error
 
+    def executors(self) -> list[dict[str, object]]:
+        """The executors the application has now, as Spark's driver knows them: the
+        address of each and the tasks it runs. The driver is not one (local Spark has
+        none)."""
+        try:
+            context = self.spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+            driver = str(context.env().blockManager().blockManagerId().hostPort())
+            found = [
+                (f"{info.host()}:{info.port()}", int(info.numRunningTasks()))
+                for info in context.statusTracker().getExecutorInfos()
+            ]
+        except Exception:  # noqa: BLE001 - a JVM gone or restarting: nothing to show
+            return []
+        return [
+            {"address": address, "running_tasks": tasks}
+            for address, tasks in sorted(found)
+            if address != driver
+        ]
+
     def _context_stopped(self) -> bool:
         """Whether the SparkContext stopped under us: its JVM got SIGTERM (Spark's shutdown
         hook stops the context, then the JVM exits) or cannot be reached any more."""

@@ -134,9 +134,13 @@ class LocalCluster:
         webui_port: int | None = None,
         directory: Path | None = None,
         daemon_memory: str = "256m",
+        join: str | None = None,
     ) -> None:
+        """``join``: the URL of a running Master (``spark://127.0.0.1:7077``) to add the
+        Workers to, instead of starting a Master."""
         if workers < 0 or cores < 1:
             raise ValueError("workers must be >= 0 and cores >= 1")
+        self.join = join
         self.workers_wanted = workers
         self.cores = cores
         self.memory = memory
@@ -147,10 +151,11 @@ class LocalCluster:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="strata-cluster-"))
         self.master: _Daemon | None = None
         self.workers: list[_Daemon] = []
+        self._ui_ports: list[int] = []  # each Worker's web UI, by which the Master names it
 
     @property
     def master_url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
+        return self.join or f"spark://127.0.0.1:{self.port}"
 
     @property
     def web_url(self) -> str:
@@ -178,10 +183,12 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         (self.directory / "logs").mkdir(parents=True, exist_ok=True)
         try:
-            self._start_master(deadline)
+            if self.join is None:
+                self._start_master(deadline)
             for _ in range(self.workers_wanted):
                 self._start_worker()
-            self.wait_for_workers(len(self.workers), deadline - time.monotonic())
+            if self.join is None:
+                self.wait_for_workers(len(self.workers), deadline - time.monotonic())
         except BaseException:
             self.stop()
             raise
@@ -227,8 +234,35 @@ class LocalCluster:
         tail = self.master.tail() if self.master else ""
         raise ClusterError(f"the Spark Master did not start:\n{tail}")
 
+    def add_worker(self, timeout: float = 120.0) -> int:
+        """Start one more Worker while the cluster runs; return its index once the Master
+        has it as alive (the applications running get an executor on it)."""
+        self._start_worker()
+        index = len(self.workers) - 1
+        deadline = time.monotonic() + timeout
+        port = self._ui_ports[index]
+        while time.monotonic() < deadline:
+            if not self.workers[index].running():
+                raise ClusterError(f"Spark worker-{index} exited:\n{self.workers[index].tail()}")
+            workers = (self._state() or {}).get("workers", [])
+            if any(
+                w.get("state") == "ALIVE" and str(w.get("webuiaddress", "")).endswith(f":{port}")
+                for w in workers
+            ):
+                return index
+            time.sleep(0.3)
+        raise ClusterError(f"Spark worker-{index} did not register in time")
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL Worker ``index`` and its executors (its process group), as a machine
+        that dies takes them: tasks running there are lost, and Spark runs them again."""
+        worker = self.workers[index]
+        worker.send(signal.SIGKILL)
+        worker.process.wait(30)
+
     def _start_worker(self) -> None:
         index = len(self.workers)
+        self._ui_ports.append(free_port())
         work = self.directory / f"worker-{index}"
         (work / "scratch").mkdir(parents=True, exist_ok=True)
         # Executors' scratch (shuffle) files: under the cluster's directory, not /tmp.
@@ -241,7 +275,7 @@ class LocalCluster:
                     "--host",
                     "127.0.0.1",
                     "--webui-port",
-                    str(free_port()),
+                    str(self._ui_ports[index]),
                     "--cores",
                     str(self.cores),
                     "--memory",
@@ -291,7 +325,7 @@ class LocalCluster:
             worker.stop(grace)
         if self.master is not None:
             self.master.stop(grace)
-        self.workers, self.master = [], None
+        self.workers, self.master, self._ui_ports = [], None, []
         if self._own_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
 
-from server.api.deps import InfoDep
+from server.api.deps import InfoDep, ServiceDep
 
 router = APIRouter(tags=["server"])
 
 
 @router.get("/info", summary="Where Strata's PostgreSQL and Spark are (same as `strata info`)")
-async def info(details: InfoDep) -> dict[str, object]:
-    return details
+async def info(details: InfoDep, service: ServiceDep) -> dict[str, object]:
+    # The executors change while Strata runs: workers join and leave a Spark cluster.
+    executors = await run_in_threadpool(service.pipeline.backend.executors)
+    return details | {"spark_executors": executors}
