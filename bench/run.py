@@ -15,7 +15,7 @@ bench/results/smoke for the smoke scale):
 * ``summary.md``: one Markdown table of every figure;
 * ``summary.png``: the ratios as a bar chart (matplotlib, Agg backend).
 
-At the full scale it also replaces the part of README.md between ``<!-- bench:start -->``
+At the full scale it also replaces the part of docs/benchmarks.md between ``<!-- bench:start -->``
 and ``<!-- bench:end -->`` with the table (``--readme`` names another file, for tests;
 ``--no-readme`` leaves it alone). With ``--only`` (or ``--skip``), the table and the chart
 also show the other benchmarks as their last run at the same scale left them in ``--out``
@@ -43,7 +43,8 @@ from bench.harness.results import SCALES, Result, check_scale
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-README = ROOT / "README.md"
+# The benchmarks page of the documentation site holds the table (docs/, `python3 dev.py docs`).
+README = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 ENTRY = re.compile(r"^def benchmark\(", re.M)
 
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="results dir (bench/results[/smoke])")
     readme = parser.add_mutually_exclusive_group()
     readme.add_argument("--readme", type=Path, help="file whose bench section to replace")
-    readme.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    readme.add_argument("--no-readme", action="store_true", help="leave docs/benchmarks.md alone")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and stop")
     args = parser.parse_args(argv)
     scale = check_scale(args.scale)
