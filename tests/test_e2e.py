@@ -236,14 +236,13 @@ def test_restart_after_kill_9_reuses_running_postgres(server: Server) -> None:
     assert [s["name"] for s in httpx.get(f"{server.url}/streams").json()] == ["impsns"]
 
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+PSQL_TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "getting-started" / "psql.md"
 
 
-def test_the_readme_psql_tutorial_works_as_written(server: Server, tmp_path: Path) -> None:
-    """The psql version of the README's tutorial, run by the real psql against `strata up`
+def test_the_psql_tutorial_works_as_written(server: Server, tmp_path: Path) -> None:
+    """The psql tutorial of the documentation, run by the real psql against `strata up`
     at the URL `strata info` prints: psql answers what the comments say."""
-    section = README.split("### The same in psql", 1)[1]
-    block = re.search(r"```sql\n(.*?)```", section, re.S)
+    block = re.search(r"```sql\n(.*?)```", PSQL_TUTORIAL.read_text(), re.S)
     assert block is not None
     script = block.group(1)
     cli = subprocess.run(
