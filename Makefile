@@ -1,8 +1,8 @@
-# Benchmarks (see README.md, "Benchmarks"). `python3 dev.py bench` installs the environment
+# Benchmarks (see docs/benchmarks.md). `python3 dev.py bench` installs the environment
 # into .venv first (as `python3 dev.py test` does), so both targets work from a fresh clone.
 .PHONY: bench bench-smoke bench-flink
 
-# Every benchmark of bench/ at full scale: bench/results/, and the table in README.md. Among
+# Every benchmark of bench/ at full scale: bench/results/, and the table in docs/benchmarks.md. Among
 # them bench/peer_flink.py, Strata against Apache Flink SQL: its first run on a machine puts
 # Flink into .venv-flink (about 850 MB from PyPI; PyFlink's pins cannot share .venv).
 bench:

@@ -1,4 +1,4 @@
-"""Strata's benchmarks (README.md, "Benchmarks").
+"""Strata's benchmarks (docs/benchmarks.md).
 
 ``python -m bench.run`` runs every module of this package that defines ``benchmark(scale)``
 (``bench.harness.results``); each also runs alone, ``python -m bench.<name> --help``. A

@@ -440,7 +440,7 @@ def run(
 
 
 def print_report(results: dict[str, Any]) -> None:
-    """The per-query table, in the README's Markdown."""
+    """The per-query table, in the Markdown of docs/benchmarks.md."""
     print(
         f"\n{results['events']:,} events in {results['runs']} runs over "
         f"{results['span_hours']} h, {results['late_events']:,} in runs 1-6 h late\n"

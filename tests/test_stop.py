@@ -273,7 +273,7 @@ def _copy_in_flight(database_url: str) -> bool:
 def test_stop_under_load(tmp_path: Path, target: str, moment: str, rows: int) -> None:
     """The stop while a run of ``rows`` rows is computed by Spark (``spark``) or copied
     into PostgreSQL (``copy``), a back-fill over 0.3 ``rows`` rows runs and the reducer
-    folds; prints the time it took (README, "Operations", from the 1,000,000-row runs)."""
+    folds; prints the time it took (docs/operations/stopping.md, from the 1,000,000-row runs)."""
     rng = random.Random(3)
     ledger = Ledger()
     server = Server(

@@ -110,8 +110,8 @@ ORACLES = {
         "FROM {source} GROUP BY 1, 4",
     ),
 }
-# The roll-up's oracle: a roll-up places each lower window by its start (README, "Streams
-# over derived streams"), so every row counts in the hour it falls in.
+# The roll-up's oracle: a roll-up places each lower window by its start (docs/sql/rollups.md),
+# so every row counts in the hour it falls in.
 ROLLUP_ORACLE = {
     "_1h": (
         "campaign, c, revenue, t",

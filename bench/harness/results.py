@@ -6,7 +6,7 @@ at the top level, ::
 
     def benchmark(scale: str) -> list[Result]:
 
-where ``scale`` is one of SCALES: ``full`` (the figures the README reports) or ``smoke``
+where ``scale`` is one of SCALES: ``full`` (the figures docs/benchmarks.md reports) or ``smoke``
 (tiny, for CI: it proves everything works, its numbers mean nothing). It raises on failure
 (wrong results, a server that would not start), after printing what went wrong.
 """

@@ -1,7 +1,7 @@
 """Retention: raw rows older than a raw stream's ``retention`` (by event time) are dropped
 from its raw archive, in bounded batches. Partial archives keep their results, so the
 views of existing streams still count those rows; what is gone is the raw history that a
-stream created later back-fills from (see the README)."""
+stream created later back-fills from (see docs/concepts/late-data.md, "Retention")."""
 
 from __future__ import annotations
 
