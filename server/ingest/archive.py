@@ -1,9 +1,12 @@
-"""Moving Arrow tables in and out of PostgreSQL archives with COPY (CSV), the fast path."""
+"""Moving Arrow tables in and out of PostgreSQL archives with COPY, the fast path: in
+PostgreSQL's binary format where every column's type allows (pgpq writes it from Arrow),
+as CSV text otherwise."""
 
 from __future__ import annotations
 
 import io
 
+import pgpq
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,22 +22,81 @@ def internal_table(name: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(INTERNAL_SCHEMA), sql.Identifier(name))
 
 
-def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table) -> int:
-    """COPY ``data`` (columns by name) into the internal table ``table``; returns rows."""
+def copy_in(cursor: psycopg.Cursor, table: str, data: pa.Table, *, binary: bool = True) -> int:
+    """COPY ``data`` (columns by name) into the internal table ``table``; returns rows.
+    ``binary=False`` writes CSV even where the binary format fits (bench/copy_format.py)."""
     if data.num_rows == 0:
         return 0
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in data.column_names)
+    if binary and _binary_fits(cursor, table, data.schema):
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)").format(
+            internal_table(table), columns
+        )
+        encoder = pgpq.ArrowToPostgresBinaryEncoder(data.schema)
+        with cursor.copy(statement) as copy:
+            copy.write(encoder.write_header())
+            for batch in data.to_batches():
+                copy.write(encoder.write_batch(batch))
+            copy.write(encoder.finish())
+        return data.num_rows
     buffer = io.BytesIO()
     # Nulls are written as unquoted empty fields and empty strings as "" - exactly the
     # distinction PostgreSQL's CSV COPY makes.
     pa_csv.write_csv(utc_text(data), buffer, pa_csv.WriteOptions(include_header=False))
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        internal_table(table), sql.SQL(", ").join(sql.Identifier(c) for c in data.column_names)
+        internal_table(table), columns
     )
     payload = buffer.getbuffer()
     with cursor.copy(statement) as copy:
         for start in range(0, len(payload), _CHUNK):
             copy.write(payload[start : start + _CHUNK])
     return data.num_rows
+
+
+# The column types each Arrow type's binary form (as pgpq writes it) is read into: binary
+# COPY has no type on the wire, so a table goes as binary only when each of its columns
+# goes to one of these.
+_BINARY_TYPES: dict[pa.DataType, frozenset[str]] = {
+    pa.bool_(): frozenset({"boolean"}),
+    pa.int16(): frozenset({"smallint"}),
+    pa.int32(): frozenset({"integer"}),
+    pa.int64(): frozenset({"bigint"}),
+    pa.float32(): frozenset({"real"}),
+    pa.float64(): frozenset({"double precision"}),
+    pa.string(): frozenset({"text"}),
+    pa.large_string(): frozenset({"text"}),
+    pa.binary(): frozenset({"bytea"}),
+    pa.date32(): frozenset({"date"}),
+    pa.timestamp("us"): frozenset({"timestamp without time zone"}),
+}
+_ZONED = frozenset({"timestamp with time zone"})
+
+
+def _binary_fits(cursor: psycopg.Cursor, table: str, schema: pa.Schema) -> bool:
+    """Whether every column of ``schema`` can go to ``table``'s column of its name in
+    PostgreSQL's binary COPY format."""
+    cursor.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+        [f'"{INTERNAL_SCHEMA}"."{table}"'],
+    )
+    types: dict[str, str] = {str(name): str(kind) for name, kind in cursor.fetchall()}
+    for field in schema:
+        given = field.type
+        target = types.get(field.name, "")
+        if pa.types.is_decimal(given):
+            # numeric's binary form holds any precision; its typmod rounds it on the way in
+            # as it rounds text.
+            if target.split("(")[0] != "numeric":
+                return False
+            continue
+        if pa.types.is_timestamp(given) and given.tz is not None:
+            accepted = _ZONED if given.unit == "us" else frozenset()
+        else:
+            accepted = _BINARY_TYPES.get(given, frozenset())
+        if target not in accepted:
+            return False
+    return True
 
 
 def utc_text(data: pa.Table) -> pa.Table:
