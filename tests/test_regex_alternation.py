@@ -26,7 +26,7 @@ from rewriter.expressions import TEXT, to_spark
 from rewriter.parse_stream import parse_expression
 from rewriter.text_patterns import PatternRefused, regex
 from tests.conftest import Strata, examples
-from tests.oracle import at, cut, late, late_runs, ndjson, same, with_a_late_run
+from tests.oracle import SnapshotReader, at, cut, late, late_runs, ndjson, same, with_a_late_run
 
 _names = itertools.count()
 
@@ -252,3 +252,60 @@ def test_undecided_alternations_are_refused_by_name(expression: str, fragment: s
     with pytest.raises(UnsupportedSQL) as caught:
         to_spark(parse_expression(expression), {"url": TEXT})
     assert fragment in str(caught.value)
+
+
+def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
+    """While runs of bids (one of them hours late) commit and the reducer folds, a reader
+    comparing q21 and the hourly count by channel id with their batch queries, in one
+    snapshot after another, never sees them differ."""
+    strata = module_strata
+    n = next(_names)
+    bid = f"rbid_{n}"
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, channel text, url text, date_time timestamptz) "
+        "WITH (event_time = 'date_time')"
+    )
+    q21 = _Q21.format(bid=bid)
+    strata.create(f"CREATE STREAM q21_{n} AS {q21}")
+    counts = (
+        f"SELECT {_CHANNEL_ID} AS channel_id, count(*) AS bids, window_start FROM {{}} "
+        f"GROUP BY {_CHANNEL_ID}, window_start"
+    )
+    strata.create(
+        f"CREATE STREAM by_channel_{n} AS "
+        + counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')")
+    )
+    windowed = (
+        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
+        f"FROM {bid}) w"
+    )
+    pairs = {
+        f"SELECT * FROM q21_{n}": q21,
+        f"SELECT * FROM by_channel_{n}": counts.format(windowed),
+    }
+    rng = random.Random(3)
+    urls = [
+        "https://www.nexmark.com/a/b?channel_id={}",
+        "https://www.nexmark.com/a/b?x=1&channel_id={}&y=2",
+        "channel_id={}",
+        "https://www.nexmark.com/a/b?channel_idx={}",
+    ]
+    runs = []
+    for i in range(8):
+        hours = 0 if i == 6 else 5 + i  # run 6 comes hours late
+        runs.append(
+            [
+                {
+                    "auction": i * 100 + r,
+                    "channel": rng.choice(["Apple", "Baidu", "Google", "Bing"]),
+                    "url": rng.choice(urls).format(rng.randrange(6)),
+                    "date_time": at(hours * 3600 + rng.randrange(3600)),
+                }
+                for r in range(30)
+            ]
+        )
+    with SnapshotReader.of(strata.database_url, pairs, min_snapshots=5):
+        for run in runs:
+            strata.ingest(bid, ndjson(run))
+    assert late_runs(strata, bid) > 0
+    assert strata.query(f"SELECT count(*) FROM by_channel_{n}")[0][0] > 0

@@ -1,0 +1,163 @@
+"""Kill -9 of the server while a batch of bids commits, for the two SQL shapes that run as
+written since Nexmark q21 and q5-like queries came in: a group key extracted with a regex
+alternation (Spark computes it per run, with PostgreSQL's meaning), and an aggregate over
+two streams and a table in one statement (its companion join stream, then the aggregate
+joining it with the table). After the restart, and the runs the server never took posted
+again, every run sent is archived once (the ledger's set check) and both views equal
+their batch queries over the raw rows."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.crash import (
+    Ledger,
+    arm,
+    assert_pending_when_struck,
+    check_ledger,
+    disarm,
+    fired,
+    wait_until_settled,
+)
+from tests.oracle import canonical
+from tests.test_e2e import Server
+
+pytestmark = pytest.mark.e2e
+
+START = datetime(2024, 9, 1, tzinfo=UTC)
+CHANNEL_ID = "(regexp_match(url, '(&|^)channel_id=([^&]*)'))[2]"
+STREAMS = (
+    "CREATE STREAM bid (auction integer, price integer, url text, t timestamptz) "
+    "WITH (event_time = 't')",
+    "CREATE STREAM auction (id integer, category integer, t timestamptz) WITH (event_time = 't')",
+    f"CREATE STREAM by_channel AS SELECT {CHANNEL_ID} AS channel_id, count(*) AS bids, "
+    f"sum(price) AS total, window_start FROM TUMBLE(bid, t, INTERVAL '1 hour') "
+    f"GROUP BY {CHANNEL_ID}, window_start",
+    "CREATE STREAM per_label AS SELECT c.label, count(*) AS n, sum(b.price) AS s, "
+    "window_end FROM TUMBLE(bid, t, INTERVAL '10 minutes') b "
+    "JOIN auction a ON b.auction = a.id JOIN dim c ON a.category = c.id "
+    "GROUP BY c.label, window_end",
+)
+TABLE = (
+    "CREATE TABLE dim (id integer PRIMARY KEY, label text)",
+    "INSERT INTO dim SELECT k, 'l' || (k % 2) FROM generate_series(0, 3) k",
+)
+ORACLES = {
+    "SELECT channel_id, bids, total, window_start FROM by_channel": (
+        f"SELECT {CHANNEL_ID}, count(*), sum(price), date_bin('1 hour', t, timestamptz "
+        f"'epoch') FROM bid GROUP BY 1, 4"
+    ),
+    "SELECT label, n, s, window_end FROM per_label": (
+        "SELECT c.label, count(*), sum(b.price), "
+        "date_bin('10 minutes', b.t, timestamptz 'epoch') + interval '10 minutes' "
+        "FROM bid b JOIN auction a ON b.auction = a.id JOIN dim c ON a.category = c.id "
+        "GROUP BY 1, 4"
+    ),
+}
+URLS = (
+    "https://www.nexmark.com/a?channel_id={}",
+    "https://www.nexmark.com/a?x=1&channel_id={}&y=2",
+    "https://www.nexmark.com/a?channel_idx={}",
+)
+
+
+def _bids(rng: random.Random) -> str:
+    rows = [
+        {
+            "auction": rng.randrange(12),
+            "price": rng.randrange(1, 100),
+            "url": rng.choice(URLS).format(rng.randrange(5)),
+            "t": (START + timedelta(seconds=rng.randrange(7200))).isoformat(),
+        }
+        for _ in range(rng.randrange(20, 60))
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def _auctions(rng: random.Random, first: int) -> str:
+    rows = [
+        {
+            "id": first + i,
+            "category": rng.randrange(5),  # category 4 has no label: its bids join nothing
+            "t": (START + timedelta(seconds=rng.randrange(7200))).isoformat(),
+        }
+        for i in range(4)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_kill_while_a_batch_of_bids_commits(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    trigger = "bids-trigger"
+    server = Server(tmp_path / "data")
+    arm(server, f"in_pg_write:server:{trigger}")
+    server.start()
+    ledger = Ledger()
+    try:
+        client = httpx.Client(base_url=server.url, timeout=60)
+        with psycopg.connect(server.database_url, autocommit=True) as connection:
+            for statement in TABLE:
+                connection.execute(statement)  # type: ignore[arg-type]
+        for statement in STREAMS:
+            client.post("/streams", json={"sql": statement}).raise_for_status()
+        for i in range(3):  # every auction, then bids
+            assert ledger.post(
+                server.url, f"auctions-{i}", _auctions(rng, 4 * i), wait=True, stream="auction"
+            )
+        for i in range(4):
+            assert ledger.post(server.url, f"before-{i}", _bids(rng), wait=True, stream="bid")
+        # The trigger commits while runs of both streams keep arriving.
+        waiting = threading.Thread(
+            target=ledger.post,
+            args=(server.url, trigger, _bids(rng)),
+            kwargs={"wait": True, "stream": "bid"},
+        )
+        waiting.start()
+        for i in range(6):
+            time.sleep(0.2)
+            if i == 3:
+                body, stream = _auctions(rng, 100), "auction"
+            else:
+                body, stream = _bids(rng), "bid"
+            ledger.post(server.url, f"during-{i}", body, wait=False, stream=stream)
+        waiting.join()
+        assert server.process is not None
+        assert server.process.wait(timeout=60) == -signal.SIGKILL
+        strike = fired(server, "in_pg_write", trigger, within=60)
+        assert trigger in strike["keys"]
+        disarm(server)
+        server.start()
+        client = httpx.Client(base_url=server.url, timeout=60)
+        # Every acknowledged run commits without a retry; the others are posted again with
+        # their run ids (what the server took commits once).
+        found = wait_until_settled(client, set(ledger.bodies))
+        assert {found[r] for r in ledger.acknowledged} == {"committed"}, found
+        assert set(found.values()) <= {"committed", "unknown"}, found
+        for run_id, (stream, body) in sorted(ledger.bodies.items()):
+            assert ledger.post(server.url, run_id, body, wait=True, stream=stream), run_id
+        assert_pending_when_struck(server, strike, trigger)
+        # The set check: every run sent is archived once, whole.
+        totals = check_ledger(server.database_url, ledger)
+        for stream in ("bid", "auction"):
+            sent = sum(body.count("\n") for s, body in ledger.bodies.values() if s == stream)
+            assert totals[stream] == sent, stream
+        with psycopg.connect(server.database_url) as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for view, oracle in ORACLES.items():
+                got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
+                want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
+                assert got and got == want, view
+            channels = {row[0] for row in connection.execute("SELECT channel_id FROM by_channel")}
+            assert None in channels and len(channels) > 2  # ids extracted, and none found
+    finally:
+        server.close()
