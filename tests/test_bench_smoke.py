@@ -77,9 +77,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     readme.write_text(README.read_text())
     out = tmp_path / "results"
     command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
-    # Flink's peer (its own environment, ~850 MB installed on first use, and a JVM more) takes
-    # more than CI's share: test_flink_peer_smoke runs it with the slow tests.
-    command += ["--skip", "peer_flink"]
+    # Flink's peer (its own environment, ~850 MB installed on first use, and a JVM more) and
+    # the cluster benchmark (three nodes, each with its PostgreSQL and Spark, ~1.5 min) take
+    # more than CI's share: test_flink_peer_smoke and test_ha_smoke run them with the slow
+    # tests (tests/test_ha.py proves the cluster in CI).
+    command += ["--skip", "peer_flink", "ha"]
     done = subprocess.run(
         [*command, "--readme", str(readme)], cwd=ROOT, capture_output=True, text=True
     )
@@ -87,6 +89,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
     names = sorted(path.stem for path in out.glob("*.json"))  # one per benchmark run
     assert {"ingest", "reduce", "backfill", "joins", "dashboard"} <= set(names)
+    assert not {"peer_flink", "ha"} & set(names)
     for name in names:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["benchmark"] == name and result["scale"] == "smoke"
@@ -105,6 +108,20 @@ def test_bench_smoke(tmp_path: Path) -> None:
     # The copy's section holds the table; the repository's README is untouched.
     assert summary in readme.read_text()
     assert "Scale `smoke`" not in README.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_ha_smoke(tmp_path: Path) -> None:
+    """bench/ha.py at tiny scale through bench/run.py: every figure measured."""
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
+    done = subprocess.run([*command, "--only", "ha"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    result = json.loads((out / "ha.json").read_text())
+    assert result["error"] is None and result["figures"], result
+    assert all(f["value"] >= 0 and f["baseline"] >= 0 for f in result["figures"]), result
 
 
 @pytest.mark.e2e
