@@ -394,6 +394,8 @@ class Node:
             unsettled = state.unsettled(connection)
         replaced = 0
         for run_id, (held, others) in unsettled.items():
+            if run_id in self.unreplaceable:
+                continue  # said why once; tried again after a restart
             chosen = min(held, *others.values())
             holders = [p for p in self.peers if p.name is not None and others.get(p.name) == chosen]
             for peer in sorted(holders, key=lambda p: not p.reachable):
