@@ -139,7 +139,8 @@ def test_flink_peer_smoke(tmp_path: Path) -> None:
     result = json.loads((out / "peer_flink.json").read_text())
     assert result["error"] is None, result
     figures = result["figures"]
-    assert len(figures) == 2 * (6 + 3)  # throughput and rows missing: workloads, 3 queries
+    # workloads: throughput (wall, net) and rows missing; 3 queries: throughput, rows missing
+    assert len(figures) == 3 * 6 + 2 * 3
     for figure in figures:
         assert figure["baseline_name"] == "Apache Flink SQL"
         if figure["unit"] == "rows":
