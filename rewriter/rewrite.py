@@ -93,7 +93,7 @@ def companion(
             return None if rows is None else (statement.name, *rows)
         if is_top_n(select):
             assert isinstance(select, exp.Select)
-            split = split_top_n(statement.name, select)
+            split = split_top_n(statement.name, select, streams)
             return None if split is None else (statement.name, split.inner, split.inner_statement)
         if is_subquery(select):
             assert isinstance(select, exp.Select)
@@ -127,7 +127,7 @@ def _rewrite(
         return build_join(statement.name, select, streams)
     if is_top_n(select):
         assert isinstance(select, exp.Select)
-        ranked = split_top_n(statement.name, select)
+        ranked = split_top_n(statement.name, select, streams)
         return build_top_n(statement.name, select if ranked is None else ranked.select, streams)
     if is_subquery(select):
         assert isinstance(select, exp.Select)

@@ -12,6 +12,9 @@ ranking reads it:
   ranking subquery, ranked by price): the ranking subquery without its rank items is the
   inner stream (a join or an aggregate stream), and the ranking reads it by its column
   names, so every PARTITION BY and ORDER BY expression must be one of its select items.
+  A ``*`` or ``a.*`` among them (q9 as Nexmark writes it, ``SELECT A.*, B.auction, ...``)
+  stands for the columns of the streams it names, in FROM order, each written out as
+  ``a.column``, so the ranking can partition and order by them.
 
 Either way the ranked rows are a stream's consolidated rows, which a late run changes, and
 the rank is computed on read over them: exact at every instant.
@@ -19,13 +22,15 @@ the rank is computed on read over them: exact at every instant.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.derived_select import named_query, output_names
+from rewriter.derived_select import column_names, named_query, output_names
 from rewriter.errors import UnsupportedSQL
+from rewriter.plan import StreamPlan
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,11 @@ class TopNSplit:
     select: exp.Select
 
 
-def split_top_n(name: str, select: exp.Select) -> TopNSplit | None:
-    """None when the ranking subquery already ranks one stream's rows (or there is none)."""
+def split_top_n(
+    name: str, select: exp.Select, streams: Mapping[str, StreamPlan] | None = None
+) -> TopNSplit | None:
+    """None when the ranking subquery already ranks one stream's rows (or there is none).
+    ``streams`` give the columns a ``*`` in a ranking over a join stands for."""
     from_ = select.args.get("from_")
     subquery = from_.this if from_ is not None else None
     if not isinstance(subquery, exp.Subquery) or not isinstance(subquery.this, exp.Select):
@@ -59,7 +67,40 @@ def split_top_n(name: str, select: exp.Select) -> TopNSplit | None:
     if not (ranked.args.get("joins") or ranked.args.get("group")):
         return None
     _check_length(inner)
-    return _rank_over_rows(inner, select, ranked)
+    return _rank_over_rows(inner, select, _stars_written_out(ranked, streams or {}))
+
+
+def _stars_written_out(ranked: exp.Select, streams: Mapping[str, StreamPlan]) -> exp.Select:
+    """``ranked`` with each ``*`` and ``alias.*`` among its items replaced by the columns of
+    the streams it stands for (FROM and JOIN order), as ``alias.column``; unchanged where
+    an input is not a stream by name."""
+    items = ranked.expressions
+    if not any(_is_star(item) for item in items):
+        return ranked
+    inputs: list[tuple[str, str]] = []  # (alias, stream)
+    for source in [ranked.args["from_"].this, *(j.this for j in ranked.args.get("joins") or [])]:
+        if not isinstance(source, exp.Table) or source.name not in streams:
+            return ranked  # refused below with the star
+        inputs.append((source.alias_or_name, source.name))
+    written: list[exp.Expr] = []
+    for item in items:
+        if not _is_star(item):
+            written.append(item)
+            continue
+        alias = item.table if isinstance(item, exp.Column) else ""
+        chosen = [(a, s) for a, s in inputs if not alias or a == alias]
+        if not chosen:
+            raise UnsupportedSQL(f"{alias}.* names no input of the ranking's join")
+        written += [
+            exp.column(column, table=a) for a, s in chosen for column in column_names(streams[s])
+        ]
+    expanded = ranked.copy()
+    expanded.set("expressions", written)
+    return expanded
+
+
+def _is_star(item: exp.Expr) -> bool:
+    return isinstance(item, exp.Star) or (isinstance(item, exp.Column) and item.is_star)
 
 
 def _rank_over_rows(inner: str, select: exp.Select, ranked: exp.Select) -> TopNSplit:
@@ -68,13 +109,10 @@ def _rank_over_rows(inner: str, select: exp.Select, ranked: exp.Select) -> TopNS
     rows = ranked.copy()
     ranks = [item for item in rows.expressions if item.find(exp.Window) is not None]
     kept = [item for item in rows.expressions if item.find(exp.Window) is None]
-    if any(
-        isinstance(item, exp.Star) or (isinstance(item, exp.Column) and item.is_star)
-        for item in kept
-    ):
+    if any(_is_star(item) for item in kept):
         raise UnsupportedSQL(
-            "a ranking over a join or an aggregate names the columns it ranks: "
-            "SELECT * is not supported there"
+            "a ranking over an aggregate, or over a join of inputs that are not streams, "
+            "names the columns it ranks: SELECT * is not supported there"
         )
     rows.set("expressions", kept)
     names = output_names(rows, [])
