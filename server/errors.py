@@ -100,6 +100,26 @@ class RunFormatError(StrataError):
         }
 
 
+# ---- the change feed (server/feed/) -------------------------------------------------------
+
+
+class NoFeed(StrataError):
+    """GET /streams/{name}/changes of a stream whose view the change feed cannot follow."""
+
+
+class PositionGone(StrataError):
+    """A feed position no longer retained (or never given): re-sync from a snapshot."""
+
+    def __init__(self, message: str, *, oldest: int, latest: int) -> None:
+        super().__init__(message)
+        self.oldest = oldest
+        self.latest = latest
+
+
+class SubscriptionCanceled(StrataError):
+    """A COPY (SUBSCRIBE ...) TO STDOUT ended by the client's cancel request."""
+
+
 # ---- a cluster of nodes (server/replication/) --------------------------------------------
 
 

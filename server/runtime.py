@@ -139,6 +139,7 @@ def assemble(
         metrics,
         batch_max_rows=settings.batch_max_rows,
         batch_linger=settings.batch_linger,
+        feed_retention=settings.feed_retention,
     )
     service = StrataService(engine, plans, spool, pipeline, metrics)
     every: list[Worker] = [

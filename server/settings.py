@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     reduce_interval: float = Field(
         5.0, description="Seconds between reducer passes over the partial archives."
     )
+    feed_retention: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="Seconds the change feed (GET /streams/{name}/changes) keeps each change "
+        "of a followed stream: a client may resume from any position this recent; older "
+        "ones answer 410 with the oldest position kept (re-sync with snapshot=true).",
+    )
     serial_interval: float = Field(
         5.0,
         description="Seconds between passes of the workers that write the closed windows of "

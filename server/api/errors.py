@@ -12,9 +12,11 @@ from server.api.security import check_request
 from server.errors import (
     Forbidden,
     InvalidRunId,
+    NoFeed,
     NotARawStream,
     NotTheOwner,
     PayloadTooLarge,
+    PositionGone,
     ReplicaObsolete,
     ReplicaTooEarly,
     RunConflict,
@@ -49,6 +51,8 @@ STATUS: dict[type[StrataError], int] = {
     ReplicaTooEarly: 409,
     ReplicaObsolete: 410,
     NotTheOwner: 421,
+    NoFeed: 400,
+    PositionGone: 410,
 }
 
 
@@ -70,6 +74,8 @@ def install(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
         if isinstance(error, (SpoolFull, Unavailable)):
             headers = {"Retry-After": str(error.retry_after)}
+        if isinstance(error, PositionGone):  # where to resume or re-sync from
+            body |= {"oldest_position": error.oldest, "latest_position": error.latest}
         return JSONResponse(body, status_code=status_of(error), headers=headers)
 
     @app.exception_handler(RequestValidationError)

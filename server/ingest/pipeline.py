@@ -44,7 +44,7 @@ from pyspark.errors import PySparkException
 from rewriter import ParallelAggregatePlan, RawStreamPlan
 from rewriter.naming import CATALOG_SCHEMA, raw_archive_table
 from rewriter.plan import JoinStreamPlan
-from server import catalog, faults
+from server import catalog, faults, feed
 from server.catalog import PlanCache, RunRecord, StreamRecord, archive_table
 from server.engines.backend import SparkBackend, SparkStopped
 from server.ingest.archive import copy_in, internal_table
@@ -52,6 +52,7 @@ from server.ingest.joins import JoinProbes, lock_versions, probe
 from server.ingest.progress import record_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
+from server.settings import DEFAULTS
 from server.workers.serial import record_corrections
 
 log = logging.getLogger("strata.ingest")
@@ -122,6 +123,7 @@ class IngestPipeline:
         *,
         batch_max_rows: int,
         batch_linger: float = 0.0,
+        feed_retention: float = DEFAULTS.feed_retention,
     ) -> None:
         self.engine = engine
         self.plans = plans
@@ -130,6 +132,7 @@ class IngestPipeline:
         self.metrics = metrics
         self.batch_max_rows = batch_max_rows
         self.batch_linger = batch_linger
+        self.feed_retention = feed_retention
         # Runs being received (see receiving()), and the condition their arrival signals.
         self._receiving = 0
         self._arrivals = threading.Condition()
@@ -532,8 +535,18 @@ class IngestPipeline:
                 if isinstance(p, ParallelAggregatePlan) and not catalog.through_join(records, p)
             ]
             seqs = [r.seq for r in runs]
-            late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
-            joined = {j.name: batch.partials.get(j.name) for j in joins}
-            record_corrections(connection, records, raw, batch.data, joined)
+            # The followed streams' changes are announced last, once every write of the
+            # commit is in, with the watermark from before it (server/feed/).
+            with feed.recording(
+                connection,
+                records,
+                raw,
+                batch.data,
+                [r.run_id for r in runs],
+                retention=self.feed_retention,
+            ):
+                late_rows = record_progress(connection, raw, windowed, batch.data, seqs)
+                joined = {j.name: batch.partials.get(j.name) for j in joins}
+                record_corrections(connection, records, raw, batch.data, joined)
             faults.reach("in_pg_write", [r.run_id for r in runs], rows=batch.data.num_rows)
             return late_rows

@@ -15,9 +15,11 @@ from server.errors import (
     InTransactionBlock,
     InvalidRunId,
     InvalidValue,
+    NoFeed,
     NotARawStream,
     NotTheOwner,
     PayloadTooLarge,
+    PositionGone,
     ReplicaObsolete,
     ReplicaTooEarly,
     RunConflict,
@@ -27,6 +29,7 @@ from server.errors import (
     SpoolFull,
     StreamExists,
     StreamInUse,
+    SubscriptionCanceled,
     TransactionAborted,
     Unauthorized,
     Unavailable,
@@ -67,6 +70,9 @@ SQLSTATE: dict[type[StrataError], str] = {
     ReplicaTooEarly: "55000",  # object_not_in_prerequisite_state
     ReplicaObsolete: "55000",
     NotTheOwner: "55000",
+    NoFeed: "0A000",  # feature_not_supported
+    PositionGone: "55000",
+    SubscriptionCanceled: "57014",  # query_canceled, as PostgreSQL's own COPY TO
 }
 UNREACHABLE = "57P03"  # cannot_connect_now
 INTERNAL = "XX000"

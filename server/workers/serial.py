@@ -38,7 +38,7 @@ from rewriter.plan import (
     SerialAggregatePlan,
     StreamPlan,
 )
-from server import catalog, faults
+from server import catalog, faults, feed
 from server.catalog import ComputedPlan, PlanCache, StreamRecord, lineage, row_source
 from server.ingest.progress import micros, moment
 from server.metrics import Metrics
@@ -304,6 +304,7 @@ class Repairer(_SerialWorker):
             if not windows:
                 return 0
             _recompute(connection.connection.driver_connection, plan, windows)
+            feed.record_repair(connection, plan, windows)
             upsert = postgresql.insert(revisions).values(
                 [
                     {

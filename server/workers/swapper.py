@@ -7,7 +7,7 @@ import psycopg
 import sqlalchemy as sa
 
 from rewriter.plan import RawStreamPlan, StreamPlan
-from server import alter, catalog
+from server import alter, catalog, feed
 from server.catalog import PlanCache
 from server.metrics import Metrics
 from server.workers.loop import Worker
@@ -55,4 +55,5 @@ class Swapper(Worker):
             if alter.building(connection, plan.name) != pending:
                 return 0
             alter.swap(connection, self.plans, plan.name)
+            feed.follow_definitions(connection, self.plans)  # announce the new views
             return 1

@@ -1,0 +1,466 @@
+"""Recording a followed stream's changes inside the transactions that make them (see the
+package docstring for the invariant): a run's commit (``recording``), a serial repair
+(``record_repair``), an ALTER's swap (``follow_definitions``), and the start of a feed
+(``follow``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import sqlalchemy as sa
+from psycopg import sql
+
+from rewriter.naming import CATALOG_SCHEMA, PUBLIC_SCHEMA
+from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, StreamPlan
+from server import catalog
+from server.catalog import PlanCache, StreamRecord, lineage, through_join
+from server.errors import Unavailable
+from server.ingest.progress import micros, moment
+from server.workers import serial  # a module: serial repairs call back into this one
+
+FEEDS = sql.Identifier(CATALOG_SCHEMA, "feeds")
+ROWS = sql.Identifier(CATALOG_SCHEMA, "feed_rows")
+CHANGES = sql.Identifier(CATALOG_SCHEMA, "feed_changes")
+STREAMS = sql.Identifier(CATALOG_SCHEMA, "streams")
+PROGRESS = sql.Identifier(CATALOG_SCHEMA, "stream_progress")
+BACKFILLS = sql.Identifier(CATALOG_SCHEMA, "backfills")
+
+FollowedPlan = ParallelAggregatePlan | SerialAggregatePlan
+# Retention is applied when a stream's position passes a multiple of this: a DELETE per
+# commit would cost more than the rows it keeps.
+PRUNE_EVERY = 256
+
+
+def refusal(plan: StreamPlan) -> str | None:
+    """Why the feed cannot follow ``plan``'s view, or None if it can."""
+    if not isinstance(plan, FollowedPlan):
+        return (
+            f"the change feed follows aggregate streams (CREATE STREAM ... AS SELECT ... "
+            f"GROUP BY ...); {plan.name!r} is a {plan.kind} stream of another kind"
+        )
+    if isinstance(plan, ParallelAggregatePlan) and plan.tables:
+        return (
+            f"{plan.name!r} joins PostgreSQL tables on read, whose changes Strata does not "
+            "see: the change feed cannot follow it"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ViewShape:
+    """How the feed tells a stream's view rows apart: the column giving a row's window (if
+    the view shows one) and the columns that identify a row (window first)."""
+
+    stream: str
+    window: str | None
+    window_is_end: bool
+    size_us: int
+    keys: tuple[str, ...]
+
+    @classmethod
+    def of(cls, plan: FollowedPlan) -> ViewShape:
+        windows = [o for o in plan.outputs if o.role in ("window_start", "window_end")]
+        keys = [o.name for o in plan.outputs if o.role == "key"]
+        first = windows[0] if windows else None
+        return cls(
+            stream=plan.name,
+            window=first.name if first else None,
+            window_is_end=first is not None and first.role == "window_end",
+            size_us=plan.window_size_us,
+            keys=tuple([o.name for o in windows] + keys),
+        )
+
+    def window_values(self, starts: np.ndarray) -> list[datetime]:
+        """The values of the window column for windows starting at ``starts`` (µs)."""
+        shift = self.size_us if self.window_is_end else 0
+        return [moment(int(s) + shift) for s in np.unique(starts).tolist()]
+
+    def window_end_us(self, value: datetime) -> int:
+        return micros(value) + (0 if self.window_is_end else self.size_us)
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A followed stream's ``feeds`` row, locked: its last position and its creation."""
+
+    stream: str
+    position: int
+    pruned_through: int
+    created_seq: int | None
+    current_seq: int
+    version: int
+    # A stream back-filling (created again under a followed name) changes its view with
+    # every chunk, unannounced: it is left alone until done, then announced whole.
+    backfilling: bool = False
+
+
+@dataclass(frozen=True)
+class _Row:
+    key: str  # jsonb text of the key columns
+    row: str | None  # jsonb text of the whole row; None: deleted (announced rows only)
+    win: datetime | None
+    revision: int = 0
+
+
+def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return driver
+
+
+def _value(text: str | None) -> object:
+    """A row's jsonb text, parsed so that 1.0 and 1.00 compare equal."""
+    return None if text is None else json.loads(text, parse_float=Decimal)
+
+
+def _followed_names(driver: psycopg.Connection[Any], names: list[str]) -> list[str]:
+    query = sql.SQL("SELECT stream FROM {} WHERE stream = ANY(%s) ORDER BY stream").format(FEEDS)
+    return [row[0] for row in driver.execute(query, (names,))]
+
+
+def _lock(driver: psycopg.Connection[Any], names: list[str] | None) -> dict[str, Followed]:
+    """Lock the ``feeds`` rows of the streams ``names`` (None: all), in name order, and
+    read them with their stream's current creation."""
+    query = sql.SQL(
+        "SELECT f.stream, f.position, f.pruned_through, f.created_seq, s.created_seq, "
+        "s.version, EXISTS (SELECT FROM {} b WHERE b.stream = f.stream "
+        "AND b.finished_at IS NULL) FROM {} f JOIN {} s ON s.name = f.stream {} "
+        "ORDER BY f.stream FOR UPDATE OF f"
+    ).format(
+        BACKFILLS,
+        FEEDS,
+        STREAMS,
+        sql.SQL("WHERE f.stream = ANY(%s)") if names is not None else sql.SQL(""),
+    )
+    rows = driver.execute(query, (names,) if names is not None else None).fetchall()
+    return {row[0]: Followed(*row) for row in rows}
+
+
+def _view_rows(
+    driver: psycopg.Connection[Any], shape: ViewShape, windows: list[datetime] | None
+) -> dict[str, _Row]:
+    """The view's rows (of ``windows``, or all), by identity: the key, or where two rows
+    share a key (the view does not show every group column) the key and the row."""
+    key = sql.SQL("jsonb_build_object({})").format(
+        sql.SQL(", ").join(
+            sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
+        )
+    )
+    win = sql.SQL("v.{}").format(sql.Identifier(shape.window)) if shape.window else sql.NULL
+    where: sql.Composable = sql.SQL("")
+    if windows is not None:
+        assert shape.window is not None
+        where = sql.SQL(" WHERE v.{} = ANY(%s)").format(sql.Identifier(shape.window))
+    query = sql.SQL("SELECT {}::text, to_jsonb(v)::text, {} FROM {} AS v{}").format(
+        key, win, sql.Identifier(PUBLIC_SCHEMA, shape.stream), where
+    )
+    rows = driver.execute(query, (windows,) if windows is not None else None).fetchall()
+    keys: dict[str, int] = {}
+    for row in rows:
+        keys[row[0]] = keys.get(row[0], 0) + 1
+    found: dict[str, _Row] = {}
+    for key_text, row_text, value in rows:
+        identity = key_text if keys[key_text] == 1 else f"{key_text}\x1f{row_text}"
+        found[identity] = _Row(key_text, row_text, value)
+    return found
+
+
+def _announced(
+    driver: psycopg.Connection[Any], stream: str, windows: list[datetime] | None
+) -> dict[str, _Row]:
+    where: sql.Composable = sql.SQL("")
+    params: tuple[object, ...] = (stream,)
+    if windows is not None:
+        where = sql.SQL(" AND win = ANY(%s)")
+        params += (windows,)
+    query = sql.SQL(
+        "SELECT identity, key::text, row::text, win, revision FROM {} WHERE stream = %s{}"
+    ).format(ROWS, where)
+    rows = driver.execute(query, params).fetchall()
+    return {r[0]: _Row(r[1], r[2], r[3], r[4]) for r in rows}
+
+
+@dataclass(frozen=True)
+class _Cause:
+    """What made the changes: ``name`` (run, repair, alter, create), the runs committed and
+    the watermark of the raw stream they came to before they did (µs; lateness)."""
+
+    name: str
+    runs: tuple[str, ...] = ()
+    watermark: int | None = None
+    late: bool = False  # every change of this cause is late (a repair)
+
+
+def _announce(
+    driver: psycopg.Connection[Any],
+    followed: Followed,
+    shape: ViewShape,
+    windows: list[datetime] | None,
+    cause: _Cause,
+) -> Followed:
+    """Append the differences between the view and the announced rows (of ``windows``,
+    or all) as changes after ``followed``'s position, and announce the view's rows."""
+    now = _view_rows(driver, shape, windows)
+    before = _announced(driver, shape.stream, windows)
+    position = followed.position
+    changes: list[tuple[object, ...]] = []
+    announced: list[tuple[object, ...]] = []
+    for identity in sorted(before.keys() | now.keys()):
+        old, new = before.get(identity), now.get(identity)
+        old_row = old.row if old else None
+        new_row = new.row if new else None
+        if _value(old_row) == _value(new_row):
+            continue
+        position += 1
+        op = "insert" if old_row is None else "delete" if new_row is None else "update"
+        revision = (old.revision if old else 0) + 1
+        kept = new or old
+        assert kept is not None
+        late, lateness = cause.late, None
+        if cause.name == "run" and kept.win is not None and shape.window is not None:
+            # Before a stream's first commit there is no watermark: nothing is late yet.
+            behind = (
+                -1 if cause.watermark is None else cause.watermark - shape.window_end_us(kept.win)
+            )
+            late, lateness = behind >= 0, max(behind, 0) / 1e6
+        changes.append(
+            (
+                shape.stream,
+                position,
+                op,
+                kept.key,
+                old_row,
+                new_row,
+                late,
+                lateness,
+                revision,
+                cause.name,
+                list(cause.runs) or None,
+            )
+        )
+        announced.append((shape.stream, identity, kept.win, kept.key, new_row, revision))
+    if changes:
+        with driver.cursor() as cursor:
+            cursor.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (stream, position, op, key, old, new, late, "
+                    "lateness_seconds, revision, cause, runs) VALUES "
+                    "(%s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s)"
+                ).format(CHANGES),
+                changes,
+            )
+            cursor.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (stream, identity, win, key, row, revision) "
+                    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s) ON CONFLICT (stream, identity) "
+                    "DO UPDATE SET win = excluded.win, key = excluded.key, row = excluded.row, "
+                    "revision = excluded.revision"
+                ).format(ROWS),
+                announced,
+            )
+    driver.execute(
+        sql.SQL("UPDATE {} SET position = %s, created_seq = %s WHERE stream = %s").format(FEEDS),
+        (position, followed.current_seq, followed.stream),
+    )
+    return replace(followed, position=position, created_seq=followed.current_seq)
+
+
+def _catch_up(driver: psycopg.Connection[Any], followed: Followed, plan: StreamPlan) -> Followed:
+    """Announce the whole view anew when the stream was redefined (an ALTER's swap) or
+    dropped and created again since the feed last looked."""
+    if followed.created_seq == followed.current_seq or refusal(plan) is not None:
+        return followed
+    assert isinstance(plan, FollowedPlan)
+    cause = _Cause("alter" if followed.version > 1 else "create")
+    return _announce(driver, followed, ViewShape.of(plan), None, cause)
+
+
+def _prune(driver: psycopg.Connection[Any], before: int, after: Followed, retention: float) -> None:
+    """Drop the changes older than ``retention`` seconds, a prefix of positions, when the
+    position passed a multiple of PRUNE_EVERY."""
+    if before // PRUNE_EVERY == after.position // PRUNE_EVERY:
+        return
+    driver.execute(
+        sql.SQL(
+            "WITH old AS (SELECT max(position) AS upto FROM {changes} WHERE stream = %(s)s "
+            "AND committed_at < now() - make_interval(secs => %(r)s)), "
+            "gone AS (DELETE FROM {changes} WHERE stream = %(s)s "
+            "AND position <= (SELECT upto FROM old)) "
+            "UPDATE {feeds} SET pruned_through = greatest(pruned_through, "
+            "coalesce((SELECT upto FROM old), 0)) WHERE stream = %(s)s"
+        ).format(changes=CHANGES, feeds=FEEDS),
+        {"s": after.stream, "r": retention},
+    )
+
+
+def _followable(records: dict[str, StreamRecord], raw: str) -> list[str]:
+    return [
+        r.name
+        for r in records.values()
+        if isinstance(r.plan, FollowedPlan)
+        and raw in r.plan.raw_sources
+        and refusal(r.plan) is None
+    ]
+
+
+def _windows(
+    records: dict[str, StreamRecord], plan: FollowedPlan, shape: ViewShape, times: np.ndarray
+) -> list[datetime] | None:
+    """The view's windows that raw rows with event times ``times`` may change; None (the
+    whole view) where the view shows no window or the rows reach it through a join or a
+    stream computed on read."""
+    if shape.window is None:
+        return None
+    try:
+        if through_join(records, plan):
+            return None
+        chain = lineage(records, plan)
+    except AssertionError:  # a lineage through a stream computed on read
+        return None
+    return shape.window_values(serial.window_starts(times, chain))
+
+
+@contextmanager
+def recording(
+    connection: sa.Connection,
+    records: dict[str, StreamRecord],
+    raw: RawStreamPlan,
+    data: pa.Table,
+    runs: list[str],
+    *,
+    retention: float,
+) -> Iterator[None]:
+    """Around the end of a run commit's transaction (after its partial rows, before its
+    progress is recorded): on leaving, announce what the commit changed in every followed
+    stream fed by ``raw``. Lateness is measured against the watermark read on entering."""
+    driver = _driver(connection)
+    names = _followable(records, raw.name)
+    followed = _followed_names(driver, names) if names else []
+    if not followed:
+        yield
+        return
+    mark = driver.execute(
+        sql.SQL("SELECT watermark FROM {} WHERE stream = %s").format(PROGRESS), (raw.name,)
+    ).fetchone()
+    watermark = micros(mark[0]) if mark and mark[0] else None
+    yield
+    times = data[raw.event_time].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    cause = _Cause("run", tuple(runs), watermark)
+    for name, state in _lock(driver, followed).items():
+        if state.backfilling:
+            continue
+        plan = records[name].plan
+        assert isinstance(plan, FollowedPlan)
+        start = state.position
+        state = _catch_up(driver, state, plan)
+        shape = ViewShape.of(plan)
+        windows = _windows(records, plan, shape, times)
+        state = _announce(driver, state, shape, windows, cause)
+        _prune(driver, start, state, retention)
+
+
+def record_repair(
+    connection: sa.Connection, plan: SerialAggregatePlan, windows: list[datetime]
+) -> None:
+    """In a serial repair's transaction, after it recomputed the windows starting at
+    ``windows``: announce what changed (the view reads repaired windows on read until the
+    repair, so this is normally nothing)."""
+    driver = _driver(connection)
+    locked = _lock(driver, [plan.name])
+    if plan.name not in locked or locked[plan.name].backfilling:
+        return
+    shape = ViewShape.of(plan)
+    values = None
+    if shape.window is not None:
+        values = shape.window_values(np.array([micros(w) for w in windows], dtype=np.int64))
+    state = _catch_up(driver, locked[plan.name], plan)
+    _announce(driver, state, shape, values, _Cause("repair", late=True))
+
+
+def follow_definitions(connection: sa.Connection, plans: PlanCache) -> int:
+    """Announce the whole view of every followed stream redefined (by an ALTER's swap) or
+    created anew since its feed last looked; how many were."""
+    driver = _driver(connection)
+    records = plans.load(connection)
+    caught = 0
+    for name, state in _lock(driver, None).items():
+        if state.created_seq != state.current_seq and name in records and not state.backfilling:
+            _catch_up(driver, state, records[name].plan)
+            caught += 1
+    return caught
+
+
+def redefined(connection: sa.Connection, name: str) -> bool:
+    """Whether ``name``'s feed has yet to announce a redefinition (no lock taken)."""
+    row = (
+        _driver(connection)
+        .execute(
+            sql.SQL(
+                "SELECT f.created_seq IS DISTINCT FROM s.created_seq FROM {} f "
+                "JOIN {} s ON s.name = f.stream WHERE f.stream = %s"
+            ).format(FEEDS, STREAMS),
+            (name,),
+        )
+        .fetchone()
+    )
+    return bool(row and row[0])
+
+
+def follow(engine: sa.Engine, plans: PlanCache, name: str) -> bool:
+    """Start following ``name`` (whose plan the feed can follow) unless it is: its view as
+    it is now becomes the announced rows, at position 0. Runs of its sources wait meanwhile
+    (SHARE locks), so each commits before (in the rows) or after (announced by itself).
+    Whether this call started it."""
+    with engine.begin() as connection:
+        records = plans.load(connection)
+        plan = records[name].plan
+        assert isinstance(plan, FollowedPlan)
+        driver = _driver(connection)
+        if _followed_names(driver, [name]):
+            return False
+        catalog.lock_raw_archives(connection, plan.raw_sources)
+        backfilling = driver.execute(
+            sql.SQL("SELECT FROM {} WHERE stream = %s AND finished_at IS NULL").format(BACKFILLS),
+            (name,),
+        ).fetchone()
+        if backfilling is not None:
+            raise Unavailable(
+                f"stream {name!r} is back-filling its history: its changes can be followed "
+                "once that is done (see progress.backfill of GET /streams/{name})",
+                retry_after=5,
+            )
+        started = driver.execute(
+            sql.SQL(
+                "INSERT INTO {} (stream) VALUES (%s) ON CONFLICT DO NOTHING RETURNING stream"
+            ).format(FEEDS),
+            (name,),
+        ).fetchone()
+        if started is None:
+            return False
+        driver.execute(sql.SQL("DELETE FROM {} WHERE stream = %s").format(ROWS), (name,))
+        rows = _view_rows(driver, ViewShape.of(plan), None)
+        with driver.cursor() as cursor:
+            cursor.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (stream, identity, win, key, row, revision) "
+                    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, 0)"
+                ).format(ROWS),
+                [(name, identity, r.win, r.key, r.row) for identity, r in rows.items()],
+            )
+        driver.execute(
+            sql.SQL(
+                "UPDATE {} SET created_seq = (SELECT created_seq FROM {} WHERE name = %s) "
+                "WHERE stream = %s"
+            ).format(FEEDS, STREAMS),
+            (name, name),
+        )
+        return True
