@@ -1,0 +1,83 @@
+"""kill -9 of `strata up` while a subscriber follows a stream's changes: inside a commit
+after the feed's own writes, and after a commit before its client heard of it. The
+subscriber keeps resuming from its last position; it ends with every position exactly
+once, in order, and with the view's rows."""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.crash import arm, disarm, fired
+from tests.test_e2e import Server
+from tests.test_feed import RAW, Subscriber, assert_positions, run_body, view_rows
+
+pytestmark = pytest.mark.e2e
+
+PER_MINUTE = (
+    "CREATE STREAM agg AS SELECT k, count(*) AS c, sum(v) AS s, window_end AS w "
+    "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_end"
+)
+
+
+def _post(server: Server, run_id: str, body: str) -> bool:
+    """Post a run and wait for its commit; False when the server died under it."""
+    try:
+        response = httpx.post(
+            f"{server.url}/streams/ev/runs",
+            params={"run_id": run_id, "wait": "true"},
+            content=body,
+            headers={"content-type": "application/x-ndjson"},
+            timeout=120,
+        )
+    except httpx.TransportError:
+        return False
+    assert response.status_code == 200, response.text
+    return True
+
+
+def test_kill_server_mid_stream_then_resume(tmp_path: Path) -> None:
+    rng = random.Random(30)
+    bodies = {
+        f"r{i}": run_body(
+            [(rng.choice("abcd"), rng.randrange(10), rng.randrange(6 * 3600)) for _ in range(5)]
+        )
+        for i in range(12)
+    }
+    server = Server(tmp_path / "data")
+    subscriber: Subscriber | None = None
+    try:
+        arm(server, "in_pg_write:server:r5")  # dies inside r5's commit, feed rows written
+        server.start()
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            for statement in (RAW.format(ev="ev"), PER_MINUTE):
+                assert client.post("/streams", json={"sql": statement}).status_code == 201
+        subscriber = Subscriber(server.url, "agg")
+        for i in range(5):
+            assert _post(server, f"r{i}", bodies[f"r{i}"])
+        assert not _post(server, "r5", bodies["r5"])
+        assert server.process is not None and server.process.wait(60) == -signal.SIGKILL
+        fired(server, "in_pg_write", "r5")
+        arm(server, "after_commit:server:r8")  # dies after r8's commit, before its answer
+        server.start()  # r5 was pending: it commits now
+        for i in (6, 7):
+            assert _post(server, f"r{i}", bodies[f"r{i}"])
+        assert not _post(server, "r8", bodies["r8"])
+        assert server.process.wait(60) == -signal.SIGKILL
+        fired(server, "after_commit", "r8")
+        disarm(server)
+        server.start()
+        for i in range(5, 12):  # again: r5 and r8 are committed once, whatever was said
+            assert _post(server, f"r{i}", bodies[f"r{i}"])
+        last = assert_positions(server.database_url, subscriber)
+        assert subscriber.rows == view_rows(server.database_url, "agg", ("w", "k"))
+        assert last == len(subscriber.changes) and last >= 12
+        assert subscriber.errors, "the subscriber saw the server go away"
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+        server.close()
