@@ -38,11 +38,13 @@ from server.pgwire.statements import (
     CreateStream,
     DropStream,
     ExplainStream,
+    FetchSubscription,
     Name,
     Refused,
     ShowStreams,
     Statement,
 )
+from server.pgwire.subscribe import COLUMNS as SUBSCRIPTION_COLUMNS
 from server.service import StrataService
 from server.settings import Settings
 
@@ -276,6 +278,8 @@ def result_columns(statement: Statement) -> list[tuple[str, int]] | None:
         return [(c, TEXT_OID) for c in SHOW_STREAMS_COLUMNS]
     if isinstance(statement, ExplainStream):
         return [(EXPLAIN_STREAM_COLUMN, TEXT_OID)]
+    if isinstance(statement, FetchSubscription):
+        return list(SUBSCRIPTION_COLUMNS)
     return None
 
 

@@ -324,6 +324,15 @@ def copy_in_response(columns: int) -> bytes:
     return _message(b"G", b"\0" + _INT16.pack(columns) + _INT16.pack(0) * columns)
 
 
+def copy_out_response(columns: int) -> bytes:
+    """COPY TO STDOUT in text format."""
+    return _message(b"H", b"\0" + _INT16.pack(columns) + _INT16.pack(0) * columns)
+
+
+def copy_data(data: bytes) -> bytes:
+    return _message(b"d", data)
+
+
 def query(text: str, encoding: str = "utf-8") -> bytes:
     return _message(b"Q", _cstring(text, encoding))
 

@@ -183,7 +183,12 @@ class SqlPort:
         return reader, writer
 
     async def _forward_cancel(self, packet: bytes) -> None:
-        """A CancelRequest is PostgreSQL's to honour: the key came from it."""
+        """A CancelRequest is PostgreSQL's to honour (the key came from it), unless it is
+        for a COPY (SUBSCRIBE ...), which runs here."""
+        subscription = self._port.subscriptions.get(packet[8:16])
+        if subscription is not None:
+            subscription.set()
+            return
         try:
             _reader, writer = await self._connect_upstream()
             writer.write(packet)

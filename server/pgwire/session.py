@@ -24,10 +24,11 @@ as one transaction: with a Strata statement among them it cannot be one).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rewriter.errors import InvalidSQL, StrataError
@@ -38,23 +39,30 @@ from server.errors import (
     InTransactionBlock,
     InvalidValue,
     PayloadTooLarge,
+    SubscriptionCanceled,
     TransactionAborted,
 )
 from server.ingest.admission import admit
 from server.pgwire import messages as m
+from server.pgwire import subscribe
 from server.pgwire.commands import Commands, Result, copy_setup, raw_columns, result_columns
 from server.pgwire.errors import fields_of, notice, protocol_violation
 from server.pgwire.lexer import Unreadable, split
 from server.pgwire.statements import (
     AlterStream,
+    CloseSubscription,
     CopyFrom,
+    CopySubscribe,
     CreateStream,
+    DeclareSubscription,
     DropStream,
     ExplainStream,
+    FetchSubscription,
     Insert,
     Refused,
     ShowStreams,
     Statement,
+    Subscription,
     changes_streams,
     classify,
     may_hold_strata,
@@ -82,6 +90,9 @@ class Port:
     database: str  # the database whose streams they are
     connect: Callable[[], Any]  # -> awaitable (reader, writer) to PostgreSQL
     cancel: Callable[[bytes], Any]  # -> awaitable: forwards a CancelRequest
+    # The COPY (SUBSCRIBE ...) running, by their session's backend key: a CancelRequest
+    # with that key ends it (PostgreSQL has nothing running to cancel).
+    subscriptions: dict[bytes, asyncio.Event] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,7 @@ class Session:
         self._statements: dict[str, _Prepared] = {}
         self._portals: dict[str, _Portal] = {}
         self._strata = False  # does this session take Strata's statements?
+        self._cursors: dict[str, subscribe.Subscription] = {}  # subscription cursors
 
     @property
     def upstream(self) -> Upstream:
@@ -292,6 +304,11 @@ class Session:
             except Refused as refused:
                 statement = refused
             stream = None
+            if (
+                isinstance(statement, FetchSubscription | CloseSubscription)
+                and statement.cursor not in self._cursors
+            ):
+                statement = None  # a cursor of PostgreSQL's
             if isinstance(statement, CopyFrom | Insert):
                 stream = await self._call(self.port.commands.stream_of, statement.target)
                 if stream is None:
@@ -332,6 +349,8 @@ class Session:
             if isinstance(statement, CopyFrom):
                 assert stream is not None
                 result = await self._copy(statement, stream)
+            elif isinstance(statement, CopySubscribe):
+                result = await self._copy_subscription(statement)
             else:
                 result = await self._execute_statement(statement, stream, [])
             self._write_result(result, describe=True)
@@ -511,7 +530,7 @@ class Session:
             raise TransactionAborted(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
-        if status == "T":
+        if status == "T" and not isinstance(statement, Subscription):  # those change nothing
             raise InTransactionBlock(
                 f"{title(statement)} cannot run inside a transaction block: Strata's "
                 "statements commit on their own"
@@ -531,6 +550,17 @@ class Session:
             return await self._call(commands.show_streams)
         if isinstance(statement, ExplainStream):
             return await self._call(commands.explain_stream, statement)
+        if isinstance(statement, DeclareSubscription):
+            if statement.cursor in self._cursors:
+                raise _DuplicateCursor(f"cursor {statement.cursor!r} already exists")
+            opened = await self._call(subscribe.subscribe, self.port.service, statement.subscribe)
+            self._cursors[statement.cursor] = opened
+            return Result("DECLARE CURSOR")
+        if isinstance(statement, FetchSubscription):
+            return await self._fetch(statement)
+        if isinstance(statement, CloseSubscription):
+            self._cursors.pop(statement.cursor, None)
+            return Result("CLOSE CURSOR")
         if isinstance(statement, Insert):
             assert stream is not None
             names, records = insert_records(statement, raw_columns(stream), parameters)
@@ -583,6 +613,48 @@ class Session:
             self.port.commands.copy, stream.name, data, copy_format, names, run_id
         )
 
+    async def _fetch(self, statement: FetchSubscription) -> Result:
+        """The changes there are (up to the count), once there is one or the timeout has
+        passed (none given: until one comes)."""
+        cursor = self._cursors[statement.cursor]
+        loop = asyncio.get_running_loop()
+        deadline = None if statement.timeout is None else loop.time() + statement.timeout
+        while True:
+            changes = await self._call(cursor.take, statement.count)
+            left = None if deadline is None else deadline - loop.time()
+            if changes or (left is not None and left <= 0):
+                break
+            await asyncio.sleep(
+                subscribe.POLL_SECONDS if left is None else min(left, subscribe.POLL_SECONDS)
+            )
+        rows = [subscribe.row_of(c) for c in changes]
+        return Result(f"FETCH {len(rows)}", subscribe.COLUMNS, rows)
+
+    async def _copy_subscription(self, statement: CopySubscribe) -> Result:
+        """COPY (SUBSCRIBE ...) TO STDOUT: every change as a line of COPY data as it comes,
+        until the client cancels (then 57014, as PostgreSQL's own COPY) or leaves."""
+        opened = await self._call(subscribe.subscribe, self.port.service, statement.subscribe)
+        self.client_writer.write(m.copy_out_response(len(subscribe.COLUMNS)))
+        canceled = asyncio.Event()
+        key = self.upstream.backend_key
+        if key is not None:
+            self.port.subscriptions[key] = canceled
+        try:
+            while not canceled.is_set():
+                changes = await self._call(opened.take, 1000)
+                for change in changes:
+                    self.client_writer.write(m.copy_data(subscribe.copy_line(change)))
+                await self.client_writer.drain()
+                if self.client_writer.is_closing():
+                    raise ClientGone
+                if not changes:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(canceled.wait(), subscribe.POLL_SECONDS)
+        finally:
+            if key is not None:
+                self.port.subscriptions.pop(key, None)
+        raise SubscriptionCanceled("canceling statement due to user request")
+
     def _write_result(self, result: Result, *, describe: bool) -> None:
         for text in result.notices:
             self.client_writer.write(m.notice_response(notice(text), self.encoding))
@@ -613,7 +685,13 @@ class Session:
             query=query,
             at=at,
             statement_at=statement.at if isinstance(statement, CreateStream) else None,
-            sqlstate="42P05" if isinstance(cause, _Duplicate) else None,
+            sqlstate=(
+                "42P05"
+                if isinstance(cause, _Duplicate)
+                else "42P03"
+                if isinstance(cause, _DuplicateCursor)
+                else None
+            ),
         )
         self.client_writer.write(m.error_response(fields, self.encoding))
         if extended:
@@ -638,6 +716,10 @@ _NAMED = {
 
 class _Duplicate(StrataError):
     """A named prepared statement that exists already (SQLSTATE 42P05)."""
+
+
+class _DuplicateCursor(StrataError):
+    """A cursor name the session's subscriptions hold already (SQLSTATE 42P03)."""
 
 
 def _value_at(statement: Insert, error: InvalidValue, names: list[str]) -> int:

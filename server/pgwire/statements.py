@@ -10,8 +10,16 @@ first words:
     EXPLAIN STREAM name                 ExplainStream
     COPY name [(cols)] FROM ...         CopyFrom  - Strata's if ``name`` is a stream
     INSERT INTO name ...                Insert    - Strata's if ``name`` is a stream
+    DECLARE c CURSOR FOR SUBSCRIBE ...  DeclareSubscription
+    FETCH [n | ALL] [FROM] c [WITH (timeout = '1s')]
+                                        FetchSubscription - Strata's if ``c`` is one of
+                                        the session's subscription cursors
+    CLOSE c                             CloseSubscription - the same
+    COPY (SUBSCRIBE name) TO STDOUT     CopySubscribe
 
-None of the first five is valid PostgreSQL, so taking them never hides a statement from
+SUBSCRIBE [TO] name [SINCE position] follows a stream's change feed (server/feed/).
+None of the first five, nor DECLARE ... FOR SUBSCRIBE or COPY (SUBSCRIBE ...), is valid
+PostgreSQL, so taking them never hides a statement from
 PostgreSQL. A COPY or INSERT is Strata's only once the session has found its target among
 the streams; until then it is a candidate, and a form Strata does not take (``COPY s FROM
 'file'``, ``INSERT INTO s SELECT ...``) carries the refusal to raise if it is. Everything
@@ -29,7 +37,9 @@ from server.pgwire.lexer import Piece, Token
 
 # A query string none of these words appear in holds no Strata statement: most strings
 # (every SELECT of a dashboard) are passed on after this one search.
-_STRATA_WORDS = re.compile(r"\b(?:create|drop|alter|show|explain|copy|insert)\b", re.I)
+_STRATA_WORDS = re.compile(
+    r"\b(?:create|drop|alter|show|explain|copy|insert|declare|fetch|close)\b", re.I
+)
 _STRATA_WORDS_BYTES = re.compile(_STRATA_WORDS.pattern.encode(), re.I)
 
 
@@ -121,14 +131,65 @@ class Insert:
     parameters: int = 0  # the highest $n
 
 
+@dataclass(frozen=True)
+class Subscribe:
+    """SUBSCRIBE [TO] name [SINCE position]: the stream's changes after ``since``, or its
+    current rows (as inserts) and every change after them."""
+
+    name: Name
+    since: int | None
+    at: int
+
+
+@dataclass(frozen=True)
+class DeclareSubscription:
+    cursor: str
+    subscribe: Subscribe
+    at: int
+
+
+@dataclass(frozen=True)
+class FetchSubscription:
+    """FETCH of a subscription cursor: up to ``count`` changes (None: ALL there are), once
+    there is one, waiting at most ``timeout`` seconds (None: until one comes)."""
+
+    cursor: str
+    count: int | None
+    timeout: float | None
+    at: int
+
+
+@dataclass(frozen=True)
+class CloseSubscription:
+    cursor: str
+    at: int
+
+
+@dataclass(frozen=True)
+class CopySubscribe:
+    subscribe: Subscribe
+    at: int
+
+
+Subscription = DeclareSubscription | FetchSubscription | CloseSubscription | CopySubscribe
 Statement = (
-    CreateStream | DropStream | AlterStream | ShowStreams | ExplainStream | CopyFrom | Insert
+    CreateStream
+    | DropStream
+    | AlterStream
+    | ShowStreams
+    | ExplainStream
+    | CopyFrom
+    | Insert
+    | DeclareSubscription
+    | FetchSubscription
+    | CloseSubscription
+    | CopySubscribe
 )
 
 
 def changes_streams(statement: Statement) -> bool:
     """Does the statement change streams or load runs (only the owner's role may)?"""
-    return not isinstance(statement, ShowStreams | ExplainStream)
+    return not isinstance(statement, ShowStreams | ExplainStream | Subscription)
 
 
 def title(statement: Statement) -> str:
@@ -141,6 +202,10 @@ def title(statement: Statement) -> str:
         ExplainStream: "EXPLAIN STREAM",
         CopyFrom: "COPY into a stream",
         Insert: "INSERT into a stream",
+        DeclareSubscription: "DECLARE ... CURSOR FOR SUBSCRIBE",
+        FetchSubscription: "FETCH",
+        CloseSubscription: "CLOSE",
+        CopySubscribe: "COPY (SUBSCRIBE ...) TO STDOUT",
     }[type(statement)]
 
 
@@ -174,8 +239,16 @@ def classify(text: str, piece: Piece) -> Statement | None:
         name, rest = _name(tokens, 2, "EXPLAIN STREAM")
         _expect_end(rest, tokens, "EXPLAIN STREAM takes one stream name")
         return ExplainStream(name, at)
+    if first.value == "copy" and second.is_op("(") and _word_at(tokens, 2, "subscribe"):
+        return _copy_subscribe(tokens, at)
     if first.value == "copy":
         return _copy(tokens, at)
+    if first.value == "declare":
+        return _declare(tokens, at)
+    if first.value == "fetch":
+        return _fetch(tokens, at)
+    if first.value == "close" and second.kind in ("word", "ident") and len(tokens) == 2:
+        return CloseSubscription(second.value, at) if second.value != "all" else None
     if first.value == "insert" and second.is_word("into"):
         return _insert(tokens, at)
     return None
@@ -522,3 +595,130 @@ def _skip_type(tokens: list[Token], index: int, *, closing: str | None) -> int:
         where = tokens[index].start if index < len(tokens) else tokens[-1].end
         raise Refused(UnsupportedSQL("a type name was expected here"), where)
     return index
+
+
+# ---------------------------------------------------------------------- SUBSCRIBE
+
+
+def _word_at(tokens: list[Token], index: int, *words: str) -> bool:
+    return index < len(tokens) and tokens[index].is_word(*words)
+
+
+def _subscribe(tokens: list[Token], index: int, end: int) -> Subscribe:
+    """SUBSCRIBE [TO] name [SINCE position] in ``tokens[index:end]``."""
+    at = tokens[index].start
+    index += 1
+    if _word_at(tokens, index, "to"):
+        index += 1
+    name, index = _name(tokens[:end], index, "SUBSCRIBE")
+    since = None
+    if index < end and tokens[index].is_word("since"):
+        if index + 1 >= end or tokens[index + 1].kind != "number":
+            where = tokens[index + 1].start if index + 1 < end else tokens[index].end
+            raise Refused(InvalidSQL("SINCE takes a position (a whole number)"), where)
+        number = tokens[index + 1]
+        if not number.value.isdigit():
+            raise Refused(InvalidSQL("SINCE takes a position (a whole number)"), number.start)
+        since = int(number.value)
+        index += 2
+    if index < end:
+        raise Refused(
+            InvalidSQL(
+                f"SUBSCRIBE takes [TO] a stream name and [SINCE position]; "
+                f"unexpected {tokens[index].value!r}"
+            ),
+            tokens[index].start,
+        )
+    return Subscribe(name, since, at)
+
+
+def _copy_subscribe(tokens: list[Token], at: int) -> CopySubscribe:
+    """COPY (SUBSCRIBE ...) TO STDOUT."""
+    close = next((i for i in range(2, len(tokens)) if tokens[i].is_op(")")), None)
+    if close is None:
+        raise Refused(InvalidSQL("COPY (SUBSCRIBE ...) is not closed with ')'"), tokens[-1].end)
+    subscribe = _subscribe(tokens, 2, close)
+    rest = tokens[close + 1 :]
+    if len(rest) < 2 or not rest[0].is_word("to") or not rest[1].is_word("stdout"):
+        where = rest[0].start if rest else tokens[close].end
+        raise Refused(
+            UnsupportedSQL("COPY (SUBSCRIBE ...) writes TO STDOUT only, in text format"), where
+        )
+    _expect_end(close + 3, tokens, "COPY (SUBSCRIBE ...) TO STDOUT takes no options")
+    return CopySubscribe(subscribe, at)
+
+
+def _declare(tokens: list[Token], at: int) -> DeclareSubscription | None:
+    """DECLARE name [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR SUBSCRIBE ...; None for a
+    cursor over anything else (PostgreSQL's)."""
+    if len(tokens) < 5 or tokens[1].kind not in ("word", "ident"):
+        return None
+    found = next((i for i in range(2, len(tokens) - 1) if tokens[i].is_word("for")), None)
+    if found is None or not tokens[found + 1].is_word("subscribe"):
+        return None
+    return DeclareSubscription(tokens[1].value, _subscribe(tokens, found + 1, len(tokens)), at)
+
+
+_DURATION = re.compile(
+    r"^\s*(\d+(?:\.\d*)?)\s*(ms|msec|milliseconds?|s|sec|secs|seconds?|min|mins|minutes?)?\s*$",
+    re.I,
+)
+
+
+def seconds_of(text: str) -> float | None:
+    """'500ms', '1s', '2 seconds', '1 minute' or a bare number of seconds; None if not."""
+    matched = _DURATION.match(text)
+    if matched is None:
+        return None
+    value = float(matched.group(1))
+    unit = (matched.group(2) or "s").lower()
+    if unit.startswith("m") and unit not in ("min", "mins", "minute", "minutes"):
+        return value / 1000
+    if unit.startswith("min"):
+        return value * 60
+    return value
+
+
+def _fetch(tokens: list[Token], at: int) -> FetchSubscription | None:
+    """FETCH [FORWARD] [n | ALL | NEXT] [FROM | IN] cursor [WITH (timeout = ...)]; None
+    for a form only PostgreSQL's cursors take (PostgreSQL answers it)."""
+    index = 1
+    if _word_at(tokens, index, "forward"):
+        index += 1
+    count: int | None = 1
+    if index < len(tokens) and tokens[index].kind == "number":
+        if not tokens[index].value.isdigit():
+            return None
+        count = int(tokens[index].value)
+        index += 1
+    elif _word_at(tokens, index, "all"):
+        count = None
+        index += 1
+    elif _word_at(tokens, index, "next"):
+        index += 1
+    if _word_at(tokens, index, "from", "in"):
+        index += 1
+    if index >= len(tokens) or tokens[index].kind not in ("word", "ident"):
+        return None
+    cursor = tokens[index].value
+    index += 1
+    timeout = None
+    if index < len(tokens):
+        if not (
+            _word_at(tokens, index, "with")
+            and index + 5 < len(tokens)
+            and tokens[index + 1].is_op("(")
+            and tokens[index + 2].is_word("timeout")
+            and tokens[index + 3].is_op("=")
+            and tokens[index + 5].is_op(")")
+        ):
+            return None
+        given = tokens[index + 4]
+        timeout = seconds_of(given.value) if given.kind in ("string", "number") else None
+        if timeout is None:
+            raise Refused(
+                InvalidSQL("timeout takes a duration such as '1s', '500ms' or '2 minutes'"),
+                given.start,
+            )
+        _expect_end(index + 6, tokens, "FETCH ... WITH (timeout = ...) ends there")
+    return FetchSubscription(cursor, count, timeout, at)

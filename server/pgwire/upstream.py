@@ -101,6 +101,7 @@ class Upstream:
         self.status = "I"  # of the last ReadyForQuery (or of BEGIN/COMMIT, before it)
         self.encoding = "utf-8"  # the client encoding, as PostgreSQL reports it
         self.failed = False  # PostgreSQL skips messages until the client's next Sync
+        self.backend_key: bytes | None = None  # PostgreSQL's BackendKeyData (pid, key)
         self._outgoing: list[bytes] = []
         self._expected: deque[Pending] = deque()
         self._idle = asyncio.Event()
@@ -127,6 +128,8 @@ class Upstream:
                 self.writer.write(answer.raw)
             elif kind == b"S":
                 self._parameter_status(message.body)
+            elif kind == b"K":  # the key a CancelRequest of this session will carry
+                self.backend_key = bytes(message.body)
             elif kind == b"E":
                 await self.client.drain()
                 return False
