@@ -7,6 +7,7 @@ ever sees the new rows with the old aggregates or joins, or the reverse."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +15,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from server.feed import open_feed
 from server.replication.digest import digest
 from server.replication.replace import Unreplaceable, replace_rows
 from tests.conftest import Strata
@@ -105,6 +107,11 @@ def test_a_runs_rows_are_replaced_with_everything_computed_from_them(
     strata.ingest(ev, ndjson(rows(rng, 30)), run_id=target)
     strata.ingest(ev, ndjson(rows(rng, 40, hours=1)), run_id=f"late-{n}")
     chosen = rows(rng, 25, hours=3)  # other rows, other windows, another count
+    service = strata.service
+    follower, current = open_feed(
+        service.engine, service.plans, f"per_min_{n}", since=None, snapshot=True
+    )
+    applied = {json.dumps(json.loads(c.data)["key"], sort_keys=True): c for c in current}
     with SnapshotReader.of(strata.database_url, pairs, min_snapshots=3):
         assert replace(strata, target, arrow(chosen))
         strata.ingest(ev, ndjson(rows(rng, 40)), run_id=f"after-{n}")
@@ -124,6 +131,24 @@ def test_a_runs_rows_are_replaced_with_everything_computed_from_them(
         for view, oracle in pairs.items():
             got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
             assert got and got == canonical(connection.execute(oracle).fetchall()), view  # type: ignore[arg-type]
+    # The change feed of the followed stream has the replacement's changes, cause replace,
+    # and applied to the view as it was, they give the view as it is.
+    state = {key: json.loads(c.data)["new"] for key, c in applied.items()}
+    causes = set()
+    for change in follower.poll():
+        data = json.loads(change.data)
+        causes.add(data["cause"])
+        key = json.dumps(data["key"], sort_keys=True)
+        if data["op"] == "delete":
+            state.pop(key)
+        else:
+            state[key] = data["new"]
+    assert "replace" in causes, causes
+    view = strata.query(f"SELECT k, n, s, top FROM per_min_{n}")
+    shown = [(r["k"], r["n"], r["s"], r["top"]) for r in state.values()]
+    assert canonical([tuple(int(v) for v in row) for row in shown]) == canonical(
+        [tuple(int(v) for v in row) for row in view]
+    )
     # Done once: the same choice again changes nothing.
     assert replace(strata, target, arrow(chosen))
 

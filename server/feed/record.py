@@ -338,10 +338,13 @@ def recording(
     runs: list[str],
     *,
     retention: float,
+    cause: str = "run",
 ) -> Iterator[None]:
     """Around the end of a run commit's transaction (after its partial rows, before its
     progress is recorded): on leaving, announce what the commit changed in every followed
-    stream fed by ``raw``. Lateness is measured against the watermark read on entering."""
+    stream fed by ``raw``. Lateness is measured against the watermark read on entering.
+    ``cause`` is ``replace`` where a cluster node puts the rows the cluster chose for a run
+    in place of its own (server/replication/replace.py): ``data`` then holds both."""
     driver = _driver(connection)
     names = _followable(records, raw.name)
     followed = _followed_names(driver, names) if names else []
@@ -354,7 +357,7 @@ def recording(
     watermark = micros(mark[0]) if mark and mark[0] else None
     yield
     times = data[raw.event_time].cast(pa.int64()).to_numpy(zero_copy_only=False)
-    cause = _Cause("run", tuple(runs), watermark)
+    made = _Cause(cause, tuple(runs), watermark)
     for name, state in _lock(driver, followed).items():
         if state.backfilling:
             continue
@@ -364,7 +367,7 @@ def recording(
         state = _catch_up(driver, state, plan)
         shape = ViewShape.of(plan)
         windows = _windows(records, plan, shape, times)
-        state = _announce(driver, state, shape, windows, cause)
+        state = _announce(driver, state, shape, windows, made)
         _prune(driver, start, state, retention)
 
 

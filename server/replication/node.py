@@ -413,7 +413,13 @@ class Node:
                 pipeline = self.service.pipeline
                 try:
                     done = replace_rows(
-                        self.engine, self.service.plans, pipeline.backend, run_id, body, chosen
+                        self.engine,
+                        self.service.plans,
+                        pipeline.backend,
+                        run_id,
+                        body,
+                        chosen,
+                        feed_retention=self.settings.feed_retention,
                     )
                 except Unreplaceable as why:
                     if run_id not in self.unreplaceable:

@@ -42,12 +42,13 @@ from rewriter.naming import (
     raw_archive_table,
 )
 from rewriter.plan import JoinStreamPlan, ParallelAggregatePlan, RawStreamPlan
-from server import catalog, faults
+from server import catalog, faults, feed
 from server.catalog import ComputedPlan, PlanCache, StreamRecord
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in, copy_out, internal_table
 from server.ingest.parse import arrow_schema
 from server.ingest.progress import record_changes
+from server.settings import DEFAULTS
 from server.workers.reducer import lock_reducer
 from server.workers.serial import record_corrections
 
@@ -65,11 +66,14 @@ def replace_rows(
     run_id: str,
     body: pa.Table,
     chosen: str,
+    *,
+    feed_retention: float = DEFAULTS.feed_retention,
 ) -> bool:
     """Put ``body`` (rows of digest ``chosen``) in place of the rows this node holds of
     committed run ``run_id``, and everything computed from them; True once done (or if
     the run already holds them), False to try again later (the run not committed yet, a
-    back-fill under way). Raises Unreplaceable."""
+    back-fill under way). Raises Unreplaceable. The changes of followed views go to their
+    change feeds (server/feed/) with the cause ``replace``."""
     runs = catalog.runs
     with engine.begin() as connection:
         record = connection.execute(
@@ -118,35 +122,38 @@ def replace_rows(
             [record.seq],
         )
         copy_in(cursor, raw_archive_table(raw.name), new)
-        joined = _join_again(connection, cursor, raw, dependents)
-        partials = _partials(cursor, records, backend, raw, dependents)
-        for plan in aggregates:
-            _clear(cursor, plan)
-            copy_in(cursor, partial_archive_table(plan.name), partials[plan.name])
         both = pa.concat_tables([old, new])
-        windowed = [p for p in aggregates if not catalog.through_join(records, p)]
-        record_changes(
-            connection,
-            windowed,
-            both[raw.event_time].cast(pa.int64()).to_numpy(),
-            np.full(both.num_rows, record.seq),
-        )
-        record_corrections(connection, records, raw, both, dict(joined))
-        progress = catalog.stream_progress
-        connection.execute(
-            sa.update(progress)
-            .where(progress.c.stream == raw.name)
-            .values(rows=progress.c.rows + new.num_rows - old.num_rows)
-        )
-        connection.execute(
-            sa.update(runs)
-            .where(runs.c.seq == record.seq)
-            .values(
-                rows=new.num_rows,
-                digest=chosen,
-                commit_pos=sa.func.nextval(f"{CATALOG_SCHEMA}.commit_pos"),
+        with feed.recording(
+            connection, records, raw, both, [run_id], retention=feed_retention, cause="replace"
+        ):
+            joined = _join_again(connection, cursor, raw, dependents)
+            partials = _partials(cursor, records, backend, raw, dependents)
+            for plan in aggregates:
+                _clear(cursor, plan)
+                copy_in(cursor, partial_archive_table(plan.name), partials[plan.name])
+            windowed = [p for p in aggregates if not catalog.through_join(records, p)]
+            record_changes(
+                connection,
+                windowed,
+                both[raw.event_time].cast(pa.int64()).to_numpy(),
+                np.full(both.num_rows, record.seq),
             )
-        )
+            record_corrections(connection, records, raw, both, dict(joined))
+            progress = catalog.stream_progress
+            connection.execute(
+                sa.update(progress)
+                .where(progress.c.stream == raw.name)
+                .values(rows=progress.c.rows + new.num_rows - old.num_rows)
+            )
+            connection.execute(
+                sa.update(runs)
+                .where(runs.c.seq == record.seq)
+                .values(
+                    rows=new.num_rows,
+                    digest=chosen,
+                    commit_pos=sa.func.nextval(f"{CATALOG_SCHEMA}.commit_pos"),
+                )
+            )
         faults.reach("replace_rows", [run_id], rows=sum(t.num_rows for t in partials.values()))
     log.warning(
         "run %s: its %d rows here replaced by the %d rows of digest %s the cluster chose; "
