@@ -165,29 +165,7 @@ def test_q21_and_a_count_by_channel_id_equal_their_batch_after_every_run(
     equal the same queries as batches over the raw rows after every run."""
     strata = module_strata
     n = next(_names)
-    bid = f"rbid_{n}"
-    strata.create(
-        f"CREATE STREAM {bid} (auction bigint, channel text, url text, date_time timestamptz) "
-        "WITH (event_time = 'date_time')"
-    )
-    q21 = _Q21.format(bid=bid)
-    strata.create(f"CREATE STREAM q21_{n} AS {q21}")
-    counts = (
-        f"SELECT {_CHANNEL_ID} AS channel_id, count(*) AS bids, window_start FROM {{}} "
-        f"GROUP BY {_CHANNEL_ID}, window_start"
-    )
-    strata.create(
-        f"CREATE STREAM by_channel_{n} AS "
-        + counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')")
-    )
-    windowed = (
-        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
-        f"FROM {bid}) w"
-    )
-    oracles = {
-        f"SELECT * FROM q21_{n}": q21,
-        f"SELECT * FROM by_channel_{n}": counts.format(windowed),
-    }
+    bid, oracles = _q21_streams(strata, n)
     rows = [
         {"auction": k, "channel": channel, "url": url, "date_time": at(t)}
         for k, (url, channel, t) in enumerate(bids)
@@ -260,29 +238,7 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
     snapshot after another, never sees them differ."""
     strata = module_strata
     n = next(_names)
-    bid = f"rbid_{n}"
-    strata.create(
-        f"CREATE STREAM {bid} (auction bigint, channel text, url text, date_time timestamptz) "
-        "WITH (event_time = 'date_time')"
-    )
-    q21 = _Q21.format(bid=bid)
-    strata.create(f"CREATE STREAM q21_{n} AS {q21}")
-    counts = (
-        f"SELECT {_CHANNEL_ID} AS channel_id, count(*) AS bids, window_start FROM {{}} "
-        f"GROUP BY {_CHANNEL_ID}, window_start"
-    )
-    strata.create(
-        f"CREATE STREAM by_channel_{n} AS "
-        + counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')")
-    )
-    windowed = (
-        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
-        f"FROM {bid}) w"
-    )
-    pairs = {
-        f"SELECT * FROM q21_{n}": q21,
-        f"SELECT * FROM by_channel_{n}": counts.format(windowed),
-    }
+    bid, pairs = _q21_streams(strata, n)
     rng = random.Random(3)
     urls = [
         "https://www.nexmark.com/a/b?channel_id={}",
@@ -309,3 +265,31 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
             strata.ingest(bid, ndjson(run))
     assert late_runs(strata, bid) > 0
     assert strata.query(f"SELECT count(*) FROM by_channel_{n}")[0][0] > 0
+
+
+def _q21_streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
+    """A stream of bids, q21 over it and an hourly count keyed by the channel id: the raw
+    stream's name, and each view with the batch query over the raw rows it equals."""
+    bid = f"rbid_{n}"
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, channel text, url text, date_time timestamptz) "
+        "WITH (event_time = 'date_time')"
+    )
+    q21 = _Q21.format(bid=bid)
+    strata.create(f"CREATE STREAM q21_{n} AS {q21}")
+    counts = (
+        f"SELECT {_CHANNEL_ID} AS channel_id, count(*) AS bids, window_start FROM {{}} "
+        f"GROUP BY {_CHANNEL_ID}, window_start"
+    )
+    strata.create(
+        f"CREATE STREAM by_channel_{n} AS "
+        + counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')")
+    )
+    windowed = (
+        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
+        f"FROM {bid}) w"
+    )
+    return bid, {
+        f"SELECT * FROM q21_{n}": q21,
+        f"SELECT * FROM by_channel_{n}": counts.format(windowed),
+    }
