@@ -262,4 +262,10 @@ def driver_jvm(server_pid: int) -> psutil.Process | None:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return None
-    return next((c for c in children if c.name() == "java"), None)
+    for child in children:
+        try:
+            if child.name() == "java":
+                return child
+        except psutil.Error:  # a child that ended since the listing (spark-submit's shell)
+            continue
+    return None
