@@ -15,6 +15,10 @@ from bench import run as runner
 from bench.harness.results import Result
 
 ROOT = Path(__file__).resolve().parent.parent
+# Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
+# bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming (bench/peer_sss.py)
+# and the soak.
+REST = ("ha", "scaleout", "pgwire", "peer_sss", "soak")
 # The documentation page whose table `make bench` rewrites (the README links to it).
 README = ROOT / "docs" / "benchmarks.md"
 
@@ -78,10 +82,10 @@ def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
     # Flink's peer (its own environment, ~850 MB installed on first use, and a JVM more) and
-    # the cluster benchmark (three nodes, each with its PostgreSQL and Spark, ~1.5 min) take
-    # more than CI's share: test_flink_peer_smoke and test_ha_smoke run them with the slow
-    # tests (tests/test_ha.py proves the cluster in CI).
-    command += ["--skip", "peer_flink", "ha"]
+    # the benchmarks that start clusters, pgbench or Spark Structured Streaming take more
+    # than CI's share: test_flink_peer_smoke and test_bench_smoke_of_the_rest run them with
+    # the slow tests (tests/test_ha.py and tests/test_cluster.py prove those paths in CI).
+    command += ["--skip", "peer_flink", *REST]
     done = subprocess.run(
         [*command, "--readme", str(readme)], cwd=ROOT, capture_output=True, text=True
     )
@@ -89,7 +93,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
     names = sorted(path.stem for path in out.glob("*.json"))  # one per benchmark run
     assert {"ingest", "reduce", "backfill", "joins", "dashboard"} <= set(names)
-    assert not {"peer_flink", "ha"} & set(names)
+    assert not {"peer_flink", *REST} & set(names)
     for name in names:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["benchmark"] == name and result["scale"] == "smoke"
@@ -113,15 +117,17 @@ def test_bench_smoke(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_ha_smoke(tmp_path: Path) -> None:
-    """bench/ha.py at tiny scale through bench/run.py: every figure measured."""
+def test_bench_smoke_of_the_rest(tmp_path: Path) -> None:
+    """The benchmarks CI's smoke leaves out (REST), at tiny scale through bench/run.py:
+    every figure measured."""
     out = tmp_path / "results"
     command = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
-    done = subprocess.run([*command, "--only", "ha"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([*command, "--only", *REST], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
-    result = json.loads((out / "ha.json").read_text())
-    assert result["error"] is None and result["figures"], result
-    assert all(f["value"] >= 0 and f["baseline"] >= 0 for f in result["figures"]), result
+    for name in REST:
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["error"] is None and result["figures"], result
+        assert all(f["value"] >= 0 and f["baseline"] >= 0 for f in result["figures"]), result
 
 
 @pytest.mark.e2e

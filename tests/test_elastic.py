@@ -29,7 +29,9 @@ from tests.cluster import committed_runs
 from tests.oracle import canonical
 from tests.test_e2e import wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+# A cluster, a server and three faults take minutes: with the slow tests (dev.py test --slow),
+# so that CI stays under 30 minutes.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
 RAW = "CREATE STREAM ev (k text, v bigint, t timestamptz) WITH (event_time = 't')"
 COUNTS = (

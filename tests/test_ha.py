@@ -532,6 +532,7 @@ def test_drop_and_create_again_never_mix_their_runs(cluster: Cluster, clients: C
             assert connection.execute("SELECT x FROM reborn").fetchall() == [(2,)] * 3, name
 
 
+@pytest.mark.slow  # about 2 min; CI keeps the single-node upgrades (tests/test_upgrade.py)
 def test_a_single_node_of_the_previous_release_becomes_a_clusters_owner(
     tmp_path: Path,
 ) -> None:
