@@ -16,9 +16,9 @@ from bench.harness.results import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 # Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
-# bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming (bench/peer_sss.py)
-# and the soak.
-REST = ("ha", "scaleout", "pgwire", "peer_sss", "soak")
+# bench/scaleout.py), pgbench (bench/pgwire.py) and Spark Structured Streaming
+# (bench/peer_sss.py).
+REST = ("ha", "scaleout", "pgwire", "peer_sss")
 # The documentation page whose table `make bench` rewrites (the README links to it).
 README = ROOT / "docs" / "benchmarks.md"
 
