@@ -124,6 +124,7 @@ def test_rows_shipped_from_the_driver(cluster: LocalCluster, tmp_path: Path) -> 
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # a second pytest over the cluster: with the slow tests, for CI's time
 @pytest.mark.timeout(1800)
 def test_order_independence_on_the_cluster(cluster: LocalCluster) -> None:
     before = {app["id"] for app in _apps(cluster)}

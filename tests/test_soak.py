@@ -10,7 +10,8 @@ import pytest
 from bench import soak
 from tests.test_e2e import Server
 
-pytestmark = pytest.mark.e2e
+# A soak: with the slow tests (python3 dev.py test --slow), to keep CI under 30 minutes.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_short_soak(tmp_path: Path) -> None:
