@@ -107,46 +107,52 @@ class Puller(Background):
         return True
 
 
-class DdlFollower(Background):
+class _Rounds(Background):
+    """A node's background work done in rounds, every ``interval`` seconds (``one_round``);
+    a round that fails is logged and the next one tries again."""
+
+    what = "a round"  # for the log
+
+    def __init__(self, node: Node, interval: float) -> None:
+        self.node = node
+        self.interval = interval
+        super().__init__()
+
+    def one_round(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval):
+            try:
+                self.one_round()
+            except Unavailable:
+                pass  # a peer is out of reach: the next round tries again
+            except sa.exc.OperationalError as error:
+                self.log.warning("%s: %s", self.what, str(error.orig).strip())
+            except Exception:
+                self.log.exception("%s failed; retrying", self.what)
+
+
+class DdlFollower(_Rounds):
     """Applies the DDL owner's log on a node that is not the owner; on the owner, takes
     the log back from the peers if it started without one (Node.recover_ddl)."""
 
     name = "ddl-follower"
+    what = "applying the owner's DDL"
 
-    def __init__(self, node: Node, interval: float) -> None:
-        self.node = node
-        self.interval = interval
-        super().__init__()
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval):
-            try:
-                if self.node.is_owner:
-                    self.node.recover_ddl()
-                else:
-                    self.node.catch_up_ddl()
-            except Unavailable:
-                pass  # a peer is out of reach: the next round tries again
-            except Exception:
-                self.log.exception("applying the DDL of %s failed; retrying", self.node.owner)
+    def one_round(self) -> None:
+        if self.node.is_owner:
+            self.node.recover_ddl()
+        else:
+            self.node.catch_up_ddl()
 
 
-class Settler(Background):
+class Settler(_Rounds):
     """Replaces the rows of the runs in conflict this node holds other than the cluster's
     choice (Node.settle_conflicts)."""
 
     name = "conflict-settler"
+    what = "settling conflicts"
 
-    def __init__(self, node: Node, interval: float) -> None:
-        self.node = node
-        self.interval = interval
-        super().__init__()
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval):
-            try:
-                self.node.settle_conflicts()
-            except sa.exc.OperationalError as error:
-                self.log.warning("settling conflicts: %s", str(error.orig).strip())
-            except Exception:
-                self.log.exception("settling conflicts failed; retrying")
+    def one_round(self) -> None:
+        self.node.settle_conflicts()
