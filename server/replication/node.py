@@ -356,35 +356,28 @@ class Node:
             state.note_conflict(connection, run_id, peer, here, str(there))
 
     def run_facts(self, run_id: str) -> dict[str, object]:
-        """What GET /runs/{id} adds in a cluster: the digest of the rows held here, and the
-        conflict if one was noted."""
-        facts: dict[str, object] = {"digest": self._digest_of(run_id)}
-        conflict = self.conflict(run_id)
-        if conflict is not None:
-            facts["conflict"] = conflict
-        return facts
-
-    def conflict(self, run_id: str) -> dict[str, object] | None:
-        """What GET /runs/{id} says of a run id two nodes took with different rows: every
-        digest seen, the one the cluster's rule chooses (the smallest), the one held here
-        (the chosen one once this node has replaced its rows), and why this node cannot
-        replace them, if it cannot; None without a conflict."""
+        """What GET /runs/{id} adds in a cluster: ``digest``, that of the rows held here,
+        and ``conflict`` where a peer was seen holding other rows: every digest seen, the
+        one the cluster's rule chooses (the smallest), the one held here (the chosen one
+        once this node has replaced its rows), and why this node cannot replace them, if
+        it cannot. One connection reads both."""
         with self.engine.connect() as connection:
+            held = state.known_runs(connection, [run_id]).get(run_id)
             noted = state.conflicts_of(connection, run_id)
-            held = self._digest_of(run_id)
+        facts: dict[str, object] = {"digest": held}
         if not noted or held is None:
-            return None
+            return facts
         digests = sorted({held, *(d for _, kept, other in noted for d in (kept, other))})
-        chosen = min(held, *(other for _, _, other in noted))
-        answer: dict[str, object] = {
+        conflict: dict[str, object] = {
             "digests": digests,
-            "chosen": chosen,
+            "chosen": min(held, *(other for _, _, other in noted)),
             "held_here": held,
             "peers": sorted(peer for peer, _, _ in noted),
         }
         if run_id in self.unreplaceable:
-            answer["not_replaced"] = self.unreplaceable[run_id]
-        return answer
+            conflict["not_replaced"] = self.unreplaceable[run_id]
+        facts["conflict"] = conflict
+        return facts
 
     def settle_conflicts(self) -> int:
         """Replace the rows of every run in conflict this node holds other than the
