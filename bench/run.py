@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.harness.results import SCALES, Result, check_scale
+from bench.harness.results import OUT_VARIABLE, SCALES, Result, check_scale
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{target} has no {START} ... {END} section to replace")
 
     kept = earlier(out, [n for n in every if n not in names], scale)
+    # A benchmark that draws a picture of its own (bench/sustained.py) puts it beside the
+    # results: bench.harness.results.results_dir.
+    os.environ[OUT_VARIABLE] = str(out)
     outcomes = [run_one(name, scale) for name in names]
     print("\n" + write(outcomes, scale, out, target, kept))
     print(f"results in {out}" + (f"; {target} updated" if target else ""))

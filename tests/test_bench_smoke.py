@@ -16,9 +16,9 @@ from bench.harness.results import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 # Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
-# bench/scaleout.py), pgbench (bench/pgwire.py) and Spark Structured Streaming
-# (bench/peer_sss.py).
-REST = ("ha", "scaleout", "pgwire", "peer_sss")
+# bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming
+# (bench/peer_sss.py) and the sustained ingest (bench/sustained.py, minutes of a server).
+REST = ("ha", "scaleout", "pgwire", "peer_sss", "sustained")
 # The documentation page whose table `make bench` rewrites (the README links to it).
 README = ROOT / "docs" / "benchmarks.md"
 
@@ -128,6 +128,8 @@ def test_bench_smoke_of_the_rest(tmp_path: Path) -> None:
         result = json.loads((out / f"{name}.json").read_text())
         assert result["error"] is None and result["figures"], result
         assert all(f["value"] >= 0 and f["baseline"] >= 0 for f in result["figures"]), result
+    # The sustained run's curve goes beside its figures.
+    assert (out / "sustained.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.e2e

@@ -14,13 +14,29 @@ where ``scale`` is one of SCALES: ``full`` (the figures docs/benchmarks.md repor
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal, TypeVar
 
 SCALES = ("smoke", "full")
 T = TypeVar("T")
+
+
+# bench/run.py names its results dir here for the benchmarks that draw pictures of their own.
+OUT_VARIABLE = "STRATA_BENCH_OUT"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def results_dir(scale: str) -> Path:
+    """Where a benchmark run at ``scale`` puts files beside its figures: bench/run.py's
+    ``--out``, or bench/results (bench/results/smoke at the smoke scale) when run alone."""
+    given = os.environ.get(OUT_VARIABLE)
+    if given:
+        return Path(given)
+    return RESULTS / "smoke" if check_scale(scale) == "smoke" else RESULTS
 
 
 class ScaleError(ValueError):
