@@ -131,6 +131,17 @@ def assemble(
     metrics = Metrics(engine, plans)
     metrics.registry.register(ExecutorCollector(backend.executors))
     spool = Spool(settings.spool_dir)
+    repairer = Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics)
+    # A pass the reducer was woken for wakes the repairer when done: the windows it repairs
+    # are then read folded.
+    reducer = Reducer(
+        engine,
+        plans,
+        min_rows=settings.reduce_min_rows,
+        interval=settings.reduce_interval,
+        metrics=metrics,
+        wakes=(repairer,),
+    )
     pipeline = IngestPipeline(
         engine,
         plans,
@@ -140,6 +151,10 @@ def assemble(
         batch_max_rows=settings.batch_max_rows,
         batch_linger=settings.batch_linger,
         feed_retention=settings.feed_retention,
+        # Late rows reopened windows (merged on read until folded) and corrected serial
+        # windows (computed on read until repaired): both workers start now, not at the
+        # end of their intervals (the repairer through the reducer, when it runs).
+        late_committed=reducer.wake if reducer.name in settings.workers else repairer.wake,
     )
     service = StrataService(engine, plans, spool, pipeline, metrics)
     every: list[Worker] = [
@@ -151,16 +166,10 @@ def assemble(
             chunk_rows=settings.backfill_chunk_rows,
             metrics=metrics,
         ),
-        Reducer(
-            engine,
-            plans,
-            min_rows=settings.reduce_min_rows,
-            interval=settings.reduce_interval,
-            metrics=metrics,
-        ),
+        reducer,
         Retention(engine, plans, metrics=metrics),
         Materializer(engine, plans, interval=settings.serial_interval, metrics=metrics),
-        Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics),
+        repairer,
         Swapper(engine, plans, metrics=metrics),
     ]
     # Every name Settings accepts is a worker's: a name that wires nothing would leave a

@@ -104,7 +104,10 @@ class Settings(BaseSettings):
         "windows like a plain table).",
     )
     reduce_interval: float = Field(
-        5.0, description="Seconds between reducer passes over the partial archives."
+        5.0,
+        description="Seconds between reducer passes over the partial archives. A commit "
+        "that brings late rows starts a pass at once: the windows it reopened are merged on "
+        "read only until that pass has folded them.",
     )
     feed_retention: float = Field(
         7 * 24 * 3600.0,
@@ -116,7 +119,9 @@ class Settings(BaseSettings):
     serial_interval: float = Field(
         5.0,
         description="Seconds between passes of the workers that write the closed windows of "
-        "serial streams to their archives and repair the windows late data changed.",
+        "serial streams to their archives and repair the windows late data changed. A "
+        "commit that brings late rows starts a repair once the reducer's pass it starts is "
+        "done.",
     )
     workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
         ALL_WORKERS,

@@ -17,6 +17,12 @@ while the commit stage writes batch N to PostgreSQL. A bounded hand-off keeps at
 computed batch waiting. Exactly-once never depends on the pipeline: the commit marker is
 the pending->committed flip inside the commit transaction.
 
+A commit that brought late rows (behind the stream's watermark: windows the reducer has
+most likely folded already, which views now merge on read) calls ``late_committed`` once
+it is done; the runtime wakes the reducer with it, so those windows read like a plain
+table again after that fold instead of after the reducer's next interval. Only timing
+changes: views are exact in every snapshot whenever the reducer runs.
+
 Stopping (``stop(deadline)``) takes no new batch; a Spark job in flight is cancelled (the
 backend is closed) and a commit in flight may finish until the deadline, when its
 statement is cancelled: either way a run is committed or still pending, never half, and a
@@ -31,7 +37,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +130,7 @@ class IngestPipeline:
         batch_max_rows: int,
         batch_linger: float = 0.0,
         feed_retention: float = DEFAULTS.feed_retention,
+        late_committed: Callable[[], None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.plans = plans
@@ -133,6 +140,7 @@ class IngestPipeline:
         self.batch_max_rows = batch_max_rows
         self.batch_linger = batch_linger
         self.feed_retention = feed_retention
+        self.late_committed = late_committed
         # Runs being received (see receiving()), and the condition their arrival signals.
         self._receiving = 0
         self._arrivals = threading.Condition()
@@ -471,6 +479,8 @@ class IngestPipeline:
             break
         else:
             raise RuntimeError(f"runs of {batch.stream!r} kept racing with stream DDL")
+        if late_rows:
+            self.late_committed()
         faults.reach("after_commit", [r.run_id for r in batch.runs], rows=batch.data.num_rows)
         for run in batch.runs:
             if run.spool_path:

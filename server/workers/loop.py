@@ -3,11 +3,13 @@
 Every background thread (a worker, Spark's start-up warm-up) is a Background: it starts
 as a daemon thread, is asked to stop, and is waited for, the same way.
 
-A worker wakes every ``interval`` seconds and calls ``step(plan)`` for each stream it
-applies to; a step does one bounded, idempotent unit of work in its own transaction and
-returns how much it did (it is called again while it keeps doing ``batch`` worth). One
-failing stream is logged and skipped; the loop goes on. A crash at any point leaves
-either the whole transaction or nothing, so workers simply resume.
+A worker wakes every ``interval`` seconds, or at once when ``wake()`` is called (a commit
+that brought late rows wakes the reducer, whose pass then wakes the repairer), and calls
+``step(plan)`` for each stream it applies to; a step does one bounded, idempotent unit of
+work in its own transaction and returns how much it did (it is called again while it
+keeps doing ``batch`` worth). One failing stream is logged and skipped; the loop goes on.
+A crash at any point leaves either the whole transaction or nothing, so workers simply
+resume. When a pass runs changes no result: every step is exact whenever it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
@@ -58,9 +61,10 @@ class Background(ABC):
 
 
 class Worker(Background):
-    """A background worker: every ``interval`` seconds, its steps over every stream it
-    applies to. A step is one transaction: one still running when the process ends (or
-    PostgreSQL stops) rolls back."""
+    """A background worker: every ``interval`` seconds, or as soon as it is woken, its
+    steps over every stream it applies to. A step is one transaction: one still running
+    when the process ends (or PostgreSQL stops) rolls back. A pass that was woken wakes
+    the workers ``wakes`` once it is done (their work reads what it wrote)."""
 
     def __init__(
         self,
@@ -70,13 +74,26 @@ class Worker(Background):
         interval: float,
         batch: int,
         metrics: Metrics | None = None,
+        wakes: Sequence[Worker] = (),
     ) -> None:
         self.engine = engine
         self.plans = plans
         self.interval = interval
         self.batch = batch
         self.metrics = metrics  # counts items handled and failures, when set
+        self.wakes = tuple(wakes)
+        # Set by wake() (and by a stop): the loop's wait ends at once. A wake during a pass
+        # stays set, so another pass follows: what woke it may have come after the pass read.
+        self._woken = threading.Event()
         super().__init__()
+
+    def wake(self) -> None:
+        """Start the next pass now rather than at the end of the interval."""
+        self._woken.set()
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self._woken.set()
 
     @abstractmethod
     def applies_to(self, plan: StreamPlan) -> bool:
@@ -126,7 +143,11 @@ class Worker(Background):
             self.metrics.worker_failed(self.name)
 
     def _loop(self) -> None:
-        while not self._stopping.wait(self.interval):
+        while True:
+            woken = self._woken.wait(self.interval)
+            self._woken.clear()
+            if self._stopping.is_set():
+                return
             try:
                 self.run_once()
             except sa.exc.OperationalError as error:  # the next round tries again
@@ -135,6 +156,9 @@ class Worker(Background):
             except Exception:
                 self.log.exception("%s pass failed; retrying in %.1fs", self.name, self.interval)
                 self._failed()
+            if woken:
+                for worker in self.wakes:
+                    worker.wake()
 
 
 def _reason(error: sa.exc.OperationalError) -> str:
