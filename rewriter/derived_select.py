@@ -107,11 +107,20 @@ def check_statement(query: exp.Expr) -> None:
     from_ = query.args.get("from_")
     item = from_.this if from_ is not None else None
     joined = [join.this for join in query.args.get("joins") or []]
-    if joined and any(isinstance(i, exp.Subquery) for i in [item, *joined]):
-        subquery = next(i for i in [item, *joined] if isinstance(i, exp.Subquery))
-        raise UnsupportedSQL(_refusal(subquery))
-    if isinstance(item, exp.Subquery):
-        check_statement(item.this)
+    for input_ in [item, *joined]:
+        if isinstance(input_, exp.Lateral):
+            raise UnsupportedSQL(
+                f"a LATERAL subquery is not supported: {input_.sql('postgres')!r}; it is "
+                "computed per row of the inputs before it: join a subquery that groups by the "
+                "key instead (... JOIN (SELECT k, max(x) AS m FROM s GROUP BY k) q ON q.k = "
+                "i.k)"
+            )
+        # A subquery in FROM, joined or not, is a stream of its own (split_subquery,
+        # split_join_inputs): it obeys what every derived stream does.
+        if isinstance(input_, exp.Subquery):
+            if not isinstance(input_.this, exp.Select | exp.Union):
+                raise UnsupportedSQL(_refusal(input_))
+            check_statement(input_.this)
 
 
 def output_name(item: exp.Expr) -> str:

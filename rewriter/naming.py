@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 from rewriter.errors import InvalidSQL
 
@@ -211,6 +212,26 @@ def join_rows_stream(stream: str) -> str:
 def inner_stream(stream: str) -> str:
     """The stream a query over a subquery in FROM reads: the subquery, planned as a stream."""
     return f"{stream}__inner"
+
+
+def join_input_stream(stream: str, position: int) -> str:
+    """The stream a subquery joined in FROM becomes (``position``: its place among the
+    FROM items, from 1)."""
+    return f"{stream}__in{position}"
+
+
+_MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+)")
+
+
+def made_with(stream: str, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that are streams made with ``stream`` from its statement (its join
+    ``__rows``, its subquery ``__inner``, its subqueries joined ``__in<k>``), in the order
+    of ``names``."""
+    return [
+        n
+        for n in names
+        if n.startswith(f"{stream}__") and _MADE_WITH.fullmatch(n[len(stream) :]) is not None
+    ]
 
 
 ALTERING_SUFFIX = "__next"

@@ -10,6 +10,8 @@ parse_stream -> (raw) build_archive
              -> (top-N and dedup, on read) [split_top_n -> a stream of the ranked rows]
                                            build_top_n
              -> (a subquery in FROM) split_subquery -> a stream of it + the query on read
+             -> (subqueries joined in FROM) split_join_inputs -> a stream of each + the
+                join on read
              -> (SESSION windows, on read) build_session
              -> (window functions over one stream, on read) build_window_functions
              -> (no window, no aggregates) build_projection
@@ -47,6 +49,11 @@ from rewriter.split_join_aggregate import (
     joins_streams_and_tables,
     split_join_aggregate,
 )
+from rewriter.split_join_inputs import (
+    build_join_inputs,
+    has_subquery_inputs,
+    input_statements,
+)
 from rewriter.split_rollup import GatherPoint, split_rollup
 from rewriter.split_subquery import build_subquery, inner_statement, is_subquery
 from rewriter.split_top_n import split_top_n
@@ -77,31 +84,55 @@ def companion(
     tables: Mapping[str, TableSchema] | None = None,
 ) -> tuple[str, str, str] | None:
     """(the stream's name, its companion's name, the companion's CREATE STREAM) when
-    ``sql`` is built on a stream the server creates first, in the same transaction: the
-    join of an aggregate over a join in one statement (``<name>__rows``), or a subquery in
-    FROM (``<name>__inner``). None for other statements (and for those whose error
-    planning them reports)."""
+    ``sql`` is built on one stream the server creates first (the first of companions)."""
+    made = companions(sql, streams, tables)
+    return None if made is None else (made[0], *made[1][0])
+
+
+def companions(
+    sql: str,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
+) -> tuple[str, list[tuple[str, str]]] | None:
+    """(the stream's name, [(companion's name, its CREATE STREAM), ...]) when ``sql`` is
+    built on streams the server creates first, in order, in the same transaction: the join
+    of an aggregate over a join in one statement (``<name>__rows``), a subquery in FROM
+    (``<name>__inner``), or the subqueries joined in FROM (``<name>__in<k>``). None for
+    other statements (and for those whose error planning them reports)."""
     try:
         statement = parse_stream(sql)
         if isinstance(statement, RawStreamStatement):
             return None
         select = statement.select
-        if joins_on_read(select, tables or {}):
-            if not joins_streams_and_tables(select, tables or {}):
-                return None
-            rows = join_rows_statement(statement.name, select, streams, tables)
-            return None if rows is None else (statement.name, *rows)
-        if is_top_n(select):
+        if has_subquery_inputs(select):
             assert isinstance(select, exp.Select)
-            split = split_top_n(statement.name, select, streams)
-            return None if split is None else (statement.name, split.inner, split.inner_statement)
-        if is_subquery(select):
-            assert isinstance(select, exp.Select)
-            return (statement.name, *inner_statement(statement.name, select))
-        rows = join_rows_statement(statement.name, select, streams)
-        return None if rows is None else (statement.name, *rows)
+            check_statement(select)
+            return statement.name, input_statements(statement.name, select)
+        made = _companion(statement.name, select, streams, tables)
+        return None if made is None else (statement.name, [made])
     except (StrataError, RecursionError):
         return None
+
+
+def _companion(
+    name: str,
+    select: exp.Select | exp.Union,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None,
+) -> tuple[str, str] | None:
+    if joins_on_read(select, tables or {}):
+        assert isinstance(select, exp.Select)
+        if not joins_streams_and_tables(select, tables or {}):
+            return None
+        return join_rows_statement(name, select, streams, tables)
+    if is_top_n(select):
+        assert isinstance(select, exp.Select)
+        split = split_top_n(name, select, streams)
+        return None if split is None else (split.inner, split.inner_statement)
+    if is_subquery(select):
+        assert isinstance(select, exp.Select)
+        return inner_statement(name, select)
+    return join_rows_statement(name, select, streams)
 
 
 def _rewrite(
@@ -112,6 +143,9 @@ def _rewrite(
         return build_archive(statement)
     select = statement.select
     check_statement(select)
+    if has_subquery_inputs(select):
+        assert isinstance(select, exp.Select)
+        return build_join_inputs(statement.name, select, streams)
     if joins_on_read(select, tables):
         assert isinstance(select, exp.Select)
         if joins_streams_and_tables(select, tables):

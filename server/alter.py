@@ -34,8 +34,7 @@ from rewriter.naming import (
     RUN_COLUMN,
     altering_stream,
     consolidated_states_table,
-    inner_stream,
-    join_rows_stream,
+    made_with,
     partial_archive_table,
 )
 from rewriter.plan import (
@@ -209,7 +208,7 @@ def begin(
                 f"stream {name!r} is being rebuilt by ALTER STREAM {pending.stream}; alter "
                 f"it once that change is swapped in (progress.alter of {pending.stream!r})"
             )
-    owners = [o for o in records if name in (join_rows_stream(o), inner_stream(o))]
+    owners = [o for o in records if made_with(o, [name])]
     if owners:
         raise UnsupportedSQL(
             f"stream {name!r} is part of {owners[0]!r} (made with it from its statement): "
@@ -598,17 +597,19 @@ def _companions(records: dict[str, StreamRecord], old: list[str], built: set[str
     """The streams made with the old streams (a join under an aggregate, a subquery) that
     only they read: they go with them."""
     found: list[str] = []
-    for n in old:
-        for made_with in (join_rows_stream(n), inner_stream(n)):
-            if made_with not in records or made_with in built or made_with in old:
+    going = list(old)
+    for n in going:  # grows as it goes: a companion's companions go too
+        for companion in made_with(n, records):
+            if companion in built or companion in going:
                 continue
             readers = {
                 r.name
                 for r in records.values()
-                if not isinstance(r.plan, RawStreamPlan) and made_with in r.plan.dependencies
+                if not isinstance(r.plan, RawStreamPlan) and companion in r.plan.dependencies
             }
-            if readers <= set(old):
-                found.append(made_with)
+            if readers <= set(going):
+                found.append(companion)
+                going.append(companion)
     return found
 
 

@@ -20,17 +20,16 @@ from rewriter import (
     RawStreamPlan,
     SerialAggregatePlan,
     StreamPlan,
-    companion,
     rewrite,
 )
 from rewriter.errors import InvalidSQL
 from rewriter.naming import (
     PUBLIC_SCHEMA,
     RUN_COLUMN,
-    inner_stream,
-    join_rows_stream,
 )
+from rewriter.naming import made_with as naming_made_with
 from rewriter.plan import JoinStreamPlan
+from rewriter.rewrite import companions
 from rewriter.tables import TableSchema, referenced_names
 from server import alter, catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
@@ -155,16 +154,18 @@ class StrataService:
         all in the caller's transaction."""
         existing = self.plans.load(connection)
         tables = catalog.read_tables(connection, referenced_names(text), existing)
-        made_with = companion(text, {n: r.plan for n, r in existing.items()}, tables)
+        made_with = companions(text, {n: r.plan for n, r in existing.items()}, tables)
         if made_with is not None:
-            name, companion_name, statement = made_with
-            for taken in (name, companion_name):
+            name, statements = made_with
+            for taken in (name, *(c for c, _ in statements)):
                 if taken in existing:
+                    shown = ", ".join(repr(c) for c, _ in statements)
                     raise StreamExists(
                         f"stream {taken!r} already exists ({name!r} keeps what it is built "
-                        f"on as the stream {companion_name!r})"
+                        f"on as the stream{'s' if len(statements) > 1 else ''} {shown})"
                     )
-            self._create_with_companions(connection, statement)
+            for _, statement in statements:
+                self._create_with_companions(connection, statement)
             existing = self.plans.load(connection)
         return self._create(connection, text, existing, tables)
 
@@ -275,14 +276,13 @@ class StrataService:
 
     def _drop(self, connection: sa.Connection, records: dict[str, StreamRecord], name: str) -> None:
         """Drop ``name``, then the streams made with it (its join ``<name>__rows``, its
-        subquery ``<name>__inner``) that no other stream reads."""
+        subquery ``<name>__inner``, its subqueries joined ``<name>__in<k>``) that no other
+        stream reads."""
         for statement in records[name].plan.drop_statements:
             catalog.execute_plan_sql(connection, statement)
         catalog.delete_stream(connection, name)
         catalog.drop_history(connection, name)
-        for made_with in (join_rows_stream(name), inner_stream(name)):
-            if made_with not in records:
-                continue
+        for made_with in naming_made_with(name, records):
             readers = [
                 r.name
                 for r in records.values()

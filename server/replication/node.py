@@ -26,7 +26,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from rewriter.errors import InvalidSQL, StrataError
-from rewriter.naming import inner_stream, join_rows_stream, raw_archive_table
+from rewriter.naming import made_with as naming_made_with
+from rewriter.naming import raw_archive_table
 from rewriter.plan import RawStreamPlan
 from server import catalog
 from server.catalog import RunRecord, StreamRecord
@@ -278,7 +279,7 @@ class Node:
             if not records:
                 return  # recover_ddl, before the first statement
             self._log_held = True
-            made_with = {c for n in records for c in (join_rows_stream(n), inner_stream(n))}
+            made_with = {c for n in records for c in naming_made_with(n, records)}
             for record in records.values():
                 if record.name in made_with:
                     continue  # its stream's CREATE makes it
