@@ -14,13 +14,12 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
 from server.workers.serial import Materializer
 from tests.conftest import Strata, strata_client
-from tests.oracle import START, SnapshotReader, canonical, execute, late_runs, ndjson
+from tests.oracle import START, SnapshotReader, execute, late_runs, ndjson, same
 
 EPOCH = "timestamptz 'epoch'"
 STREAMS = {
@@ -167,13 +166,6 @@ def _clicks(rng: random.Random, first: float, last: float, count: int) -> str:
     )
 
 
-def _check(connection: psycopg.Connection) -> None:
-    for view, oracle in ORACLES.items():
-        got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
-        want = canonical(connection.execute(oracle).fetchall())  # type: ignore[arg-type]
-        assert got == want, f"{view}: {len(got)} rows, its batch query {len(want)}"
-
-
 def _settled(strata: Strata, timeout: float = 120) -> float:
     """Seconds until nothing waits for the reducer or the repairer."""
     started = time.monotonic()
@@ -208,7 +200,7 @@ def test_every_view_kind_exact_while_late_runs_commit_and_wake_the_folds(
     assert strata.query(WAITING)[0][0] == 0
 
     late_waits = []
-    with SnapshotReader(strata.database_url, _check, min_snapshots=10):
+    with SnapshotReader.of(strata.database_url, ORACLES, min_snapshots=10):
         for step in range(6):
             if step % 3 == 2:  # on time, moving the watermark on
                 body = _clicks(rng, 2400 + step * 60, 2460 + step * 60, 20)
@@ -234,9 +226,8 @@ def test_every_view_kind_exact_while_late_runs_commit_and_wake_the_folds(
     assert late_runs(strata, "clicks") >= 4
     serial = strata.client.get("/streams/busiest").json()["progress"]["serial"]
     assert serial["windows_revised"] > 0, serial
-    with psycopg.connect(strata.database_url) as connection:
-        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        _check(connection)
+    for view, oracle in ORACLES.items():
+        same(strata, view, oracle)
     # Woken, not waiting out an hour's interval: each late run's windows were folded and
     # repaired within seconds of its commit.
     assert max(late_waits) < 60, late_waits
