@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request, Security
 from starlette.responses import Response
 
 from server.api import errors
-from server.api.routes import changes, cluster, health, info, metrics, runs, streams
+from server.api.routes import changes, cluster, console, health, info, metrics, runs, streams
 from server.api.security import authorize
 from server.metrics import Metrics
 from server.security import Tokens
@@ -32,8 +32,10 @@ def create_app(service: StrataService, settings: Settings, details: dict[str, ob
     errors.install(app)
     _count_errors(app, service.metrics)
     app.include_router(health.router)
+    app.include_router(console.public)  # the console's sign-in form
+    console.mount_static(app)  # uPlot and the console's script: nothing of the user's
     # Every other router, present and future, goes through the token check.
-    for module in (streams, changes, runs, info, metrics, cluster):
+    for module in (streams, changes, runs, info, metrics, cluster, console):
         app.include_router(module.router, dependencies=[Security(authorize)])
     return app
 

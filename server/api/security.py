@@ -67,10 +67,20 @@ def check(request: Request, credentials: HTTPAuthorizationCredentials | None) ->
         raise Forbidden(f"this token may not {request.method} {path}: it needs the {scopes} scope")
 
 
+# The console's sign-in (/console/login) keeps the token in this cookie: a browser's
+# EventSource cannot send an Authorization header. SameSite=Strict keeps other sites'
+# requests from carrying it.
+TOKEN_COOKIE = "strata_token"
+
+
 async def authorize(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
 ) -> None:
+    if credentials is None and TOKEN_COOKIE in request.cookies:
+        credentials = HTTPAuthorizationCredentials(
+            scheme="Bearer", credentials=request.cookies[TOKEN_COOKIE]
+        )
     check(request, credentials)
 
 
