@@ -131,17 +131,24 @@ def assemble(
     metrics = Metrics(engine, plans)
     metrics.registry.register(ExecutorCollector(backend.executors))
     spool = Spool(settings.spool_dir)
-    repairer = Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics)
-    # A pass the reducer was woken for wakes the repairer when done: the windows it repairs
-    # are then read folded.
     reducer = Reducer(
         engine,
         plans,
         min_rows=settings.reduce_min_rows,
         interval=settings.reduce_interval,
         metrics=metrics,
-        wakes=(repairer,),
     )
+    repairer = Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics)
+
+    def late_committed() -> None:
+        """Late rows reopened windows, merged on read until folded, and corrected serial
+        windows, computed on read until repaired: both workers start now, side by side,
+        not at the end of their intervals. (A repair reads its source as it is, folded or
+        not: either is exact, and waiting for a long fold would keep every read of the
+        serial view computing the corrected windows meanwhile.)"""
+        reducer.wake()
+        repairer.wake()
+
     pipeline = IngestPipeline(
         engine,
         plans,
@@ -151,10 +158,7 @@ def assemble(
         batch_max_rows=settings.batch_max_rows,
         batch_linger=settings.batch_linger,
         feed_retention=settings.feed_retention,
-        # Late rows reopened windows (merged on read until folded) and corrected serial
-        # windows (computed on read until repaired): both workers start now, not at the
-        # end of their intervals (the repairer through the reducer, when it runs).
-        late_committed=reducer.wake if reducer.name in settings.workers else repairer.wake,
+        late_committed=late_committed,
     )
     service = StrataService(engine, plans, spool, pipeline, metrics)
     every: list[Worker] = [

@@ -120,8 +120,7 @@ class Settings(BaseSettings):
         5.0,
         description="Seconds between passes of the workers that write the closed windows of "
         "serial streams to their archives and repair the windows late data changed. A "
-        "commit that brings late rows starts a repair once the reducer's pass it starts is "
-        "done.",
+        "commit that brings late rows starts a repair at once.",
     )
     workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
         ALL_WORKERS,

@@ -1,6 +1,6 @@
-"""Late data read while it is folded: a commit that brings late rows wakes the reducer at
-once (and the reducer's pass the repairer), so the windows it reopened read like a plain
-table again after one fold, not after the workers' next interval. Meanwhile, and during
+"""Late data read while it is folded: a commit that brings late rows wakes the reducer and
+the repairer at once, so the windows it reopened read like a plain table again after one
+fold or repair, not after the workers' next interval. Meanwhile, and during
 the folds and repairs, every view kind equals its batch query over the raw rows in every
 snapshot a reader takes.
 

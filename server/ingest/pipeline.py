@@ -18,10 +18,12 @@ computed batch waiting. Exactly-once never depends on the pipeline: the commit m
 the pending->committed flip inside the commit transaction.
 
 A commit that brought late rows (behind the stream's watermark: windows the reducer has
-most likely folded already, which views now merge on read) calls ``late_committed`` once
-it is done; the runtime wakes the reducer with it, so those windows read like a plain
-table again after that fold instead of after the reducer's next interval. Only timing
-changes: views are exact in every snapshot whenever the reducer runs.
+most likely folded already, which views now merge on read, and serial windows already
+materialized, which their views compute on read until repaired) calls ``late_committed``
+once it is done; the runtime wakes the reducer and the repairer with it, so those windows
+read like a plain table again after one fold and repair instead of after the workers'
+next intervals. Only timing changes: views are exact in every snapshot whenever the
+workers run.
 
 Stopping (``stop(deadline)``) takes no new batch; a Spark job in flight is cancelled (the
 backend is closed) and a commit in flight may finish until the deadline, when its

@@ -4,7 +4,7 @@ Every background thread (a worker, Spark's start-up warm-up) is a Background: it
 as a daemon thread, is asked to stop, and is waited for, the same way.
 
 A worker wakes every ``interval`` seconds, or at once when ``wake()`` is called (a commit
-that brought late rows wakes the reducer, whose pass then wakes the repairer), and calls
+that brought late rows wakes the reducer and the repairer), and calls
 ``step(plan)`` for each stream it applies to; a step does one bounded, idempotent unit of
 work in its own transaction and returns how much it did (it is called again while it
 keeps doing ``batch`` worth). One failing stream is logged and skipped; the loop goes on.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 
@@ -63,8 +62,7 @@ class Background(ABC):
 class Worker(Background):
     """A background worker: every ``interval`` seconds, or as soon as it is woken, its
     steps over every stream it applies to. A step is one transaction: one still running
-    when the process ends (or PostgreSQL stops) rolls back. A pass that was woken wakes
-    the workers ``wakes`` once it is done (their work reads what it wrote)."""
+    when the process ends (or PostgreSQL stops) rolls back."""
 
     def __init__(
         self,
@@ -74,14 +72,12 @@ class Worker(Background):
         interval: float,
         batch: int,
         metrics: Metrics | None = None,
-        wakes: Sequence[Worker] = (),
     ) -> None:
         self.engine = engine
         self.plans = plans
         self.interval = interval
         self.batch = batch
         self.metrics = metrics  # counts items handled and failures, when set
-        self.wakes = tuple(wakes)
         # Set by wake() (and by a stop): the loop's wait ends at once. A wake during a pass
         # stays set, so another pass follows: what woke it may have come after the pass read.
         self._woken = threading.Event()
@@ -144,7 +140,7 @@ class Worker(Background):
 
     def _loop(self) -> None:
         while True:
-            woken = self._woken.wait(self.interval)
+            self._woken.wait(self.interval)
             self._woken.clear()
             if self._stopping.is_set():
                 return
@@ -156,9 +152,6 @@ class Worker(Background):
             except Exception:
                 self.log.exception("%s pass failed; retrying in %.1fs", self.name, self.interval)
                 self._failed()
-            if woken:
-                for worker in self.wakes:
-                    worker.wake()
 
 
 def _reason(error: sa.exc.OperationalError) -> str:

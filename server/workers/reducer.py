@@ -7,15 +7,13 @@ statement; the consolidated table keeps one row per window and group, with the f
 values the view reads like a plain table. A pass runs every ``interval`` seconds, and at
 once when a commit brings late rows (the ingest pipeline wakes the reducer): a window late
 data reopened is merged on read only until that pass has folded it, not for a whole
-interval; the pass then wakes the repairer, whose recomputations read the folded windows.
+interval.
 Every fold is one statement (one transaction), so no reader ever sees a view change
 because of it; a lock per stream keeps two reducers (two servers on one database) from
 folding the same window at once.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 
@@ -51,11 +49,8 @@ class Reducer(Worker):
         max_groups: int = 500,
         interval: float = DEFAULTS.reduce_interval,
         metrics: Metrics | None = None,
-        wakes: Sequence[Worker] = (),
     ) -> None:
-        super().__init__(
-            engine, plans, interval=interval, batch=max_groups, metrics=metrics, wakes=wakes
-        )
+        super().__init__(engine, plans, interval=interval, batch=max_groups, metrics=metrics)
         self.min_rows = min_rows
 
     def applies_to(self, plan: StreamPlan) -> bool:
