@@ -17,8 +17,9 @@ from bench.harness.results import Result
 ROOT = Path(__file__).resolve().parent.parent
 # Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
 # bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming
-# (bench/peer_sss.py) and the sustained ingest (bench/sustained.py, minutes of a server).
-REST = ("ha", "scaleout", "pgwire", "peer_sss", "sustained")
+# (bench/peer_sss.py), the sustained ingest (bench/sustained.py, minutes of a server) and the
+# change feed's subscribers (bench/feed.py; tests/test_feed*.py prove the feed in CI).
+REST = ("ha", "scaleout", "pgwire", "peer_sss", "sustained", "feed")
 # The documentation page whose table `make bench` rewrites (the README links to it).
 README = ROOT / "docs" / "benchmarks.md"
 
