@@ -2,6 +2,7 @@
 Spark can run the query, on the same late runs.
 
     python -m bench.nexmark [--scale full|smoke] [--threads 4] [--keep] [--only q0 q5 ...]
+    python -m bench.nexmark --texts   # which of Nexmark's own texts run as written
 
 The workload is bench.harness.nexmark_streams': person, auction and bid events in
 Nexmark's proportions, in runs of which 20% arrive 1 to 6 hours late and every arrival is
@@ -50,6 +51,7 @@ import psycopg
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T  # noqa: N812 - Spark's own convention
 
+from bench.harness import nexmark_texts
 from bench.harness.api import create_stream, post_runs
 from bench.harness.data import HOUR_MS, Dataset
 from bench.harness.database import fetch_one, measure
@@ -495,6 +497,20 @@ def figures(results: dict[str, Any]) -> list[Result]:
     return out
 
 
+def print_texts() -> None:
+    """Per query, whether Strata takes the Nexmark project's text as written
+    (bench.harness.nexmark_texts; tests/test_nexmark_texts.py checks each one it takes
+    against its batch twin under late runs)."""
+    report = nexmark_texts.report()
+    print(f"Nexmark's texts (nexmark/nexmark {nexmark_texts.SOURCE_COMMIT[:7]}), as written:")
+    print("| query | runs as written | why not |")
+    print("|---|---|---|")
+    for query, problem in report.items():
+        print(f"| {query} | {'yes' if problem is None else 'no'} | {problem or ''} |")
+    taken = sum(1 for problem in report.values() if problem is None)
+    print(f"{taken} of {len(report)} run as written")
+
+
 def benchmark(scale: str) -> list[Result]:
     """bench/run.py's entry (see bench.harness.results)."""
     results = run(scale)
@@ -511,7 +527,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4, help="clients; files a step (4)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--only", nargs="*", default=(), help="these queries (all)")
+    parser.add_argument(
+        "--texts",
+        action="store_true",
+        help="only say which of the Nexmark project's own texts (bench/nexmark_queries/) "
+        "Strata takes as written, and why not the others (no server, no data)",
+    )
     args = parser.parse_args(argv)
+    if args.texts:
+        print_texts()
+        return 0
     try:
         results = run(args.scale, threads=args.threads, keep=args.keep, only=tuple(args.only))
     except BenchError as err:

@@ -79,9 +79,12 @@ def build_projection(
         if any(b.source == source.name for b in planned):
             raise UnsupportedSQL(f"{source.name!r} appears in two branches of the UNION ALL")
         schema = {c.name: c.type for c in source.columns}
-        items = list(branch.expressions)
-        if len(items) == 1 and isinstance(items[0], exp.Star):
-            items = [exp.column(c.name) for c in source.columns]
+        items: list[exp.Expr] = []
+        for item in branch.expressions:  # SELECT *, x AS y: the source's columns, then y
+            if isinstance(item, exp.Star):
+                items += [exp.column(c.name) for c in source.columns]
+            else:
+                items.append(item)
         branch_columns = []
         spark_items: list[exp.Expr] = []
         branch_event_time = None

@@ -13,6 +13,8 @@ from sqlglot.tokens import Token, TokenType
 
 from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, UnsupportedSQL
+from rewriter.flink_syntax import desugar_functions
+from rewriter.flink_syntax import normalize as normalize_flink
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.resolve_window import parse_interval
@@ -53,6 +55,7 @@ def parse_stream(sql: str) -> StreamStatement:
     for the standard form (rewriter.desugar). Positions in the returned trees, and in the
     errors raised, are positions in ``sql`` (rewriter.positions).
     """
+    sql = normalize_flink(sql)  # Flink's spellings, every offset kept
     tokens = _tokenize(sql)
     _check_interval_literals(sql, tokens)
     body = [t for t in tokens if t.token_type != TokenType.SEMICOLON]
@@ -83,6 +86,13 @@ def parse_stream(sql: str) -> StreamStatement:
     if not isinstance(statement, exp.Create) or statement.kind != "TABLE":
         raise InvalidSQL(f"expected a CREATE STREAM statement, e.g. {EXAMPLE}")
     record_positions(statement, sql, tokens)
+    for identifier in statement.find_all(exp.Identifier):
+        # PostgreSQL folds unquoted names to lower case (dateTime is datetime): so do the
+        # passes, which compare names as strings.
+        if not identifier.quoted and identifier.this != identifier.this.lower():
+            identifier.set("this", identifier.this.lower())
+    if statement.expression is not None:
+        statement.set("expression", statement.expression.transform(desugar_functions))
     for flag, shown, word in (
         ("exists", "IF NOT EXISTS", "IF"),
         ("replace", "OR REPLACE", "OR"),
@@ -324,6 +334,16 @@ def _interval_option(option: exp.Property | None) -> int:
 
 def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> DerivedStreamStatement:
     target = statement.this
+    names: list[exp.Expr] = []
+    if isinstance(target, exp.Schema) and isinstance(target.this, exp.Table):
+        names = list(target.expressions)  # CREATE STREAM s (a, b) AS SELECT ...
+        if not all(isinstance(n, exp.Identifier) for n in names):
+            raise UnsupportedSQL(
+                "a derived stream takes its columns' types from its SELECT: drop the list, or "
+                "list the names alone, CREATE STREAM s (a, b) AS SELECT ...",
+                position=position_of(names[0] if names else target),
+            )
+        target = target.this
     if not isinstance(target, exp.Table):
         raise UnsupportedSQL(
             "a derived stream takes its columns from its SELECT; drop the list",
@@ -352,7 +372,100 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
             f"e.g. {EXAMPLE}",
             position=position_of(query),
         )
-    return DerivedStreamStatement(name, desugar(query, windows))
+    select = _group_windows(desugar(query, windows))
+    if names:
+        select = _named_columns(select, names)
+    return DerivedStreamStatement(name, select)
+
+
+# Flink's group windows (GROUP BY k, TUMBLE(t, size), with TUMBLE_START(t, size) and
+# TUMBLE_END(...) selected; HOP(t, slide, size) and SESSION(t, gap) alike): the window
+# call, its start and its end functions.
+_GROUP_WINDOWS = {"TUMBLE": "TUMBLE", "HOP": "HOP", SESSION_CALL: "SESSION"}
+
+
+def _group_windows(select: exp.Select) -> exp.Select:
+    """``SELECT k, count(*), TUMBLE_START(t, i) FROM s GROUP BY k, TUMBLE(t, i)`` (Flink's
+    group windows) as ``SELECT k, count(*), window_start FROM TUMBLE(s, t, i) GROUP BY k,
+    window_start, window_end``; other statements as they are."""
+    group = select.args.get("group")
+    calls = [
+        key
+        for key in (group.expressions if group is not None else [])
+        if isinstance(key, exp.Anonymous)
+        and key.name.upper() in _GROUP_WINDOWS
+        and key.expressions
+        and isinstance(key.expressions[0], exp.Column)
+    ]
+    if not calls:
+        return select
+    from_ = select.args.get("from_")
+    source = from_.this if from_ is not None else None
+    kind = _GROUP_WINDOWS[calls[0].name.upper()]
+    if len(calls) > 1 or select.args.get("joins") or not isinstance(source, exp.Table):
+        raise UnsupportedSQL(
+            f"a group window GROUP BY {kind}(...) reads one stream: write FROM "
+            f"{kind}(stream, time, INTERVAL ...) and GROUP BY window_start, window_end",
+            position=position_of(calls[0]),
+        )
+    rewritten = select.copy()
+    call = next(k for k in rewritten.args["group"].expressions if k == calls[0])
+    time, *sizes = call.expressions
+    window = exp.Anonymous(
+        this=call.name,
+        expressions=[exp.column(source.name), exp.column(time.name), *(s.copy() for s in sizes)],
+    )
+    # The window reads the stream itself: its columns are named without the alias.
+    qualifier = source.alias_or_name
+    for column in list(rewritten.find_all(exp.Column)):
+        if column.table == qualifier:
+            column.set("table", None)
+    rewritten.args["from_"].set("this", exp.Table(this=window))
+
+    keys = [k for k in rewritten.args["group"].expressions if k is not call]
+    keys += [exp.column("window_start"), exp.column("window_end")]
+    rewritten.args["group"].set("expressions", keys)
+
+    def bounds(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Anonymous):
+            name = node.name.upper()
+            for suffix, column in (("_START", "window_start"), ("_END", "window_end")):
+                if name == f"{kind}{suffix}":
+                    return exp.column(column)
+            if name.startswith(f"{kind}_"):
+                raise UnsupportedSQL(
+                    f"{name}(...) is not supported; select window_start or window_end",
+                    position=position_of(node),
+                )
+        return node
+
+    rewritten.set("expressions", [e.transform(bounds) for e in rewritten.expressions])
+    return rewritten
+
+
+def _named_columns(select: exp.Select, names: list[exp.Expr]) -> exp.Select:
+    """CREATE STREAM s (a, b) AS SELECT x, y ...: the SELECT's columns named a and b, in
+    order (as a view's column list names them, and as Flink's INSERT INTO a sink's columns)."""
+    items = select.expressions
+    if any(isinstance(i, exp.Star) or (isinstance(i, exp.Column) and i.is_star) for i in items):
+        raise UnsupportedSQL(
+            "a column list names the SELECT's columns one by one: list them instead of *",
+            position=position_of(names[0]),
+        )
+    if len(items) != len(names):
+        raise UnsupportedSQL(
+            f"the column list names {len(names)} columns and the SELECT has {len(items)}",
+            position=position_of(names[0]),
+        )
+    named = select.copy()
+    columns = []
+    for item, name in zip(named.expressions, names, strict=True):
+        with located(name):
+            column = check_column_name(name.name)
+        value = item.this if isinstance(item, exp.Alias) else item
+        columns.append(exp.alias_(value, column, quoted=True))
+    named.set("expressions", columns)
+    return named
 
 
 def _stream_name(table: exp.Table) -> str:

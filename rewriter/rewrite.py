@@ -145,7 +145,7 @@ def _rewrite(
     check_statement(select)
     if has_subquery_inputs(select):
         assert isinstance(select, exp.Select)
-        return build_join_inputs(statement.name, select, streams)
+        return build_join_inputs(statement.name, select, streams, tables)
     if joins_on_read(select, tables):
         assert isinstance(select, exp.Select)
         if joins_streams_and_tables(select, tables):

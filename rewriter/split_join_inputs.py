@@ -21,12 +21,19 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from rewriter import naming
+from rewriter.build_lookup import build_lookup
 from rewriter.ddl import create_view, drop, table
 from rewriter.derived_select import check_clauses, column_names, named_query, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
-from rewriter.plan import OutputColumn, RawStreamPlan, ReadJoinStreamPlan, StreamPlan
+from rewriter.plan import (
+    OutputColumn,
+    ParallelAggregatePlan,
+    RawStreamPlan,
+    ReadJoinStreamPlan,
+    StreamPlan,
+)
 from rewriter.registry import exact_in_postgres
-from rewriter.tables import table_key
+from rewriter.tables import TableSchema, table_key
 
 _INSTEAD = (
     "write the input as a subquery over the stream (... JOIN (SELECT ... FROM TUMBLE(s, t, "
@@ -72,9 +79,34 @@ def input_statements(name: str, select: exp.Select) -> list[tuple[str, str]]:
 
 
 def build_join_inputs(
-    name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
-) -> ReadJoinStreamPlan:
+    name: str,
+    select: exp.Select,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None = None,
+) -> ReadJoinStreamPlan | ParallelAggregatePlan:
     input_statements(name, select)  # refuses a companion's name that is too long
+    tables = tables or {}
+    if any(
+        isinstance(item, exp.Table) and table_key(item) in tables and table_key(item) not in streams
+        for item in _items(select)
+    ):
+        # With PostgreSQL tables: the join of streams and tables (build_lookup), each
+        # subquery read as its stream (Nexmark q13: a projection joined FOR SYSTEM_TIME AS
+        # OF its time with a versioned table).
+        with_tables = select.copy()
+        for position, item in enumerate(_items(with_tables), start=1):
+            if _is_subquery(item):
+                assert isinstance(item, exp.Subquery)
+                companion = naming.join_input_stream(name, position)
+                if companion not in streams:
+                    raise UnknownSource(
+                        f"the stream {companion!r} that {name!r} joins does not exist (the "
+                        "server creates it with the stream)"
+                    )
+                item.replace(
+                    exp.alias_(exp.to_table(companion), item.alias or companion, table=True)
+                )
+        return build_lookup(name, with_tables, streams, tables)
     view = select.copy()
     joined: list[tuple[str, StreamPlan]] = []  # (alias, stream) per FROM item, in order
     for position, item in enumerate(_items(view), start=1):

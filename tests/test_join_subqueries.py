@@ -201,7 +201,7 @@ def test_the_companions_are_shown_and_go_with_the_stream(module_strata: Strata) 
     assert described["sources"] == [f"{q5}__in1", f"{q5}__in2"]
     assert described["raw_sources"] == [bid]
     assert described["parallelism"] == "on read"
-    assert f'"public"."{q5}__in1" AS AuctionBids' in described["rewrite"]["view_sql"]
+    assert f'"public"."{q5}__in1" AS auctionbids' in described["rewrite"]["view_sql"]
     inner = strata.client.get(f"/streams/{q5}__in2").json()
     assert inner["source"] == f"{q5}__in2__inner"
     assert strata.client.get(f"/streams/{q5}__in1").json()["parallelism"] == "PP"

@@ -1,0 +1,242 @@
+"""Flink SQL's spellings of what Strata's SQL says otherwise, read as Strata's (the Nexmark
+queries as their project writes them, and SQL copied from Flink's documentation):
+
+* ``TABLE(TUMBLE(TABLE s, DESCRIPTOR(t), INTERVAL ...))`` (and HOP, CUMULATE, SESSION: the
+  windowing table-valued functions) is ``TUMBLE(s, t, INTERVAL ...)``;
+* ``INTERVAL '10' SECOND`` (the SQL standard's interval, which PostgreSQL also takes) is
+  ``INTERVAL '10 SECOND'``;
+* ``DATE_FORMAT(t, 'yyyy-MM-dd')`` (Java's pattern letters) is
+  ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')`` (desugar_functions, on the parsed tree);
+* a name in backticks, `` `dateTime` ``, is the name itself: a quoted identifier in lower
+  case (``"datetime"``), as Strata's names are, so that it also names a reserved word
+  (`` `value` ``).
+
+``normalize`` keeps every character's offset (what it removes becomes blanks), so that
+positions in errors are positions in the text as written. Nothing inside string literals
+or comments changes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from rewriter.errors import UnsupportedSQL
+
+WINDOW_FUNCTIONS = ("TUMBLE", "HOP", "CUMULATE", "SESSION")
+INTERVAL_UNITS = ("SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str  # "word", "string", "quoted", "backtick", "punct", "other"
+    start: int
+    end: int  # exclusive
+
+
+def _tokens(text: str) -> list[_Token]:
+    """Words, literals, quoted names and punctuation; blanks and comments left out."""
+    found: list[_Token] = []
+    k = 0
+    while k < len(text):
+        char = text[k]
+        if char.isspace():
+            k += 1
+        elif text.startswith("--", k):
+            end = text.find("\n", k)
+            k = len(text) if end < 0 else end
+        elif text.startswith("/*", k):
+            end = text.find("*/", k + 2)
+            k = len(text) if end < 0 else end + 2
+        elif char in "'\"`":
+            end = k + 1
+            while end < len(text):
+                if text[end] == char:
+                    if text.startswith(char * 2, end):  # a doubled quote inside
+                        end += 2
+                        continue
+                    break
+                end += 1
+            kind = {"'": "string", '"': "quoted", "`": "backtick"}[char]
+            found.append(_Token(kind, k, min(end + 1, len(text))))
+            k = end + 1
+        elif (word := _WORD.match(text, k)) is not None:
+            found.append(_Token("word", k, word.end()))
+            k = word.end()
+        else:
+            found.append(_Token("punct" if char in "(),;." else "other", k, k + 1))
+            k += 1
+    return found
+
+
+def normalize(sql: str) -> str:
+    """``sql`` with Flink's spellings written as Strata's, every offset kept."""
+    if "`" not in sql and "DESCRIPTOR" not in sql.upper() and not _has_unit_interval(sql):
+        return sql
+    text = list(sql)
+    tokens = _tokens(sql)
+
+    def blank(token: _Token) -> None:
+        text[token.start : token.end] = " " * (token.end - token.start)
+
+    def word(position: int, *words: str) -> bool:
+        return (
+            0 <= position < len(tokens)
+            and tokens[position].kind == "word"
+            and sql[tokens[position].start : tokens[position].end].upper() in words
+        )
+
+    def punct(position: int, char: str) -> bool:
+        return (
+            0 <= position < len(tokens)
+            and sql[tokens[position].start] == char
+            and (tokens[position].kind == "punct")
+        )
+
+    def closing(position: int) -> int | None:
+        """The token closing the parenthesis opened at ``position``."""
+        depth = 0
+        for k in range(position, len(tokens)):
+            if punct(k, "("):
+                depth += 1
+            elif punct(k, ")"):
+                depth -= 1
+                if depth == 0:
+                    return k
+        return None
+
+    for k, token in enumerate(tokens):
+        if token.kind == "backtick":
+            inner = sql[token.start + 1 : token.end - 1].lower().replace('"', '""')
+            if len(inner) + 2 == token.end - token.start:
+                text[token.start : token.end] = f'"{inner}"'
+        elif word(k, "TABLE") and punct(k + 1, "(") and word(k + 2, *WINDOW_FUNCTIONS):
+            # TABLE(TUMBLE(TABLE s, DESCRIPTOR(t), ...)) -> TUMBLE(s, t, ...)
+            outer_close = closing(k + 1)
+            inner_close = closing(k + 3) if punct(k + 3, "(") else None
+            if outer_close is None or inner_close is None or outer_close != inner_close + 1:
+                continue
+            blank(tokens[k])
+            blank(tokens[k + 1])
+            blank(tokens[outer_close])
+            if word(k + 4, "TABLE"):
+                blank(tokens[k + 4])
+            for d in range(k + 4, inner_close):
+                if word(d, "DESCRIPTOR") and punct(d + 1, "("):
+                    end = closing(d + 1)
+                    if end is not None:
+                        blank(tokens[d])
+                        blank(tokens[d + 1])
+                        blank(tokens[end])
+        elif (
+            word(k, "INTERVAL")
+            and k + 2 < len(tokens)
+            and tokens[k + 1].kind == "string"
+            and _unit(sql, tokens[k + 2])
+        ):
+            # INTERVAL '10' SECOND -> INTERVAL '10 SECOND' (the same length)
+            literal, unit = tokens[k + 1], tokens[k + 2]
+            if k + 3 < len(tokens) and word(k + 3, "TO"):
+                continue  # INTERVAL '1:30' HOUR TO MINUTE: left to the parser
+            quantity = sql[literal.start + 1 : literal.end - 1]
+            written = f"'{quantity} {sql[unit.start : unit.end]}'"
+            span = unit.end - literal.start
+            text[literal.start : unit.end] = written.ljust(span)
+    return "".join(text)
+
+
+def _unit(sql: str, token: _Token) -> bool:
+    if token.kind != "word":
+        return False
+    name = sql[token.start : token.end].upper()
+    return name in INTERVAL_UNITS or name.rstrip("S") in INTERVAL_UNITS
+
+
+_UNIT_INTERVAL = re.compile(
+    r"INTERVAL\s*'[^']*'\s*(?:" + "|".join(INTERVAL_UNITS) + r")", re.IGNORECASE
+)
+
+
+def _has_unit_interval(sql: str) -> bool:
+    return _UNIT_INTERVAL.search(sql) is not None
+
+
+# Java's date-time pattern letters (Flink's DATE_FORMAT, as Spark's date_format) in
+# PostgreSQL's to_char, longest first.
+_JAVA_PATTERN = (
+    ("yyyy", "YYYY"),
+    ("yy", "YY"),
+    ("MM", "MM"),
+    ("dd", "DD"),
+    ("HH", "HH24"),
+    ("hh", "HH12"),
+    ("mm", "MI"),
+    ("ss", "SS"),
+    ("SSS", "MS"),
+)
+
+
+def to_char_pattern(java: str) -> str | None:
+    """The to_char pattern of a Java date-time pattern; None for one with letters it does
+    not know (or quoted text)."""
+    out, k = [], 0
+    while k < len(java):
+        for letters, pg in _JAVA_PATTERN:
+            if java.startswith(letters, k):
+                out.append(pg)
+                k += len(letters)
+                break
+        else:
+            char = java[k]
+            if char.isalpha() or char in "'\"":
+                return None
+            out.append(char)
+            k += 1
+    return "".join(out)
+
+
+# Flink functions with no equivalent of the same meaning in both engines, and what to write.
+_INSTEAD = {
+    "REGEXP_EXTRACT": (
+        "Flink's REGEXP_EXTRACT (Java's regular expressions) is not supported; write "
+        "PostgreSQL's (regexp_match(s, pattern))[n], whose meaning (the longest alternative "
+        "of a|b) Strata keeps in both engines"
+    ),
+    "SPLIT_INDEX": (
+        "Flink's SPLIT_INDEX(s, sep, i) is not supported; write split_part(s, sep, i + 1) "
+        "(it counts from 1, and gives '' where SPLIT_INDEX gives NULL)"
+    ),
+}
+
+
+def desugar_functions(node: exp.Expr) -> exp.Expr:
+    """Flink's functions with a PostgreSQL and Spark equivalent, as that equivalent (use as
+    ``tree.transform(desugar_functions)``): DATE_FORMAT(t, 'yyyy-MM-dd') is
+    to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD') (Flink's timestamps carry no zone; Strata's
+    are formatted in UTC)."""
+    if isinstance(node, exp.RegexpExtract):  # sqlglot's node for REGEXP_EXTRACT(...)
+        raise UnsupportedSQL(f"{node.sql('postgres')!r}: {_INSTEAD['REGEXP_EXTRACT']}")
+    if not isinstance(node, exp.Anonymous):
+        return node
+    refused = _INSTEAD.get(node.name.upper())
+    if refused is not None:
+        raise UnsupportedSQL(f"{node.sql('postgres')!r}: {refused}")
+    if node.name.upper() != "DATE_FORMAT":
+        return node
+    args = node.expressions
+    if len(args) != 2 or not (isinstance(args[1], exp.Literal) and args[1].is_string):
+        raise UnsupportedSQL(
+            f"{node.sql('postgres')!r}: DATE_FORMAT takes a time and a pattern literal, e.g. "
+            "DATE_FORMAT(t, 'yyyy-MM-dd'); or write to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+        )
+    pattern = to_char_pattern(args[1].this)
+    if pattern is None:
+        raise UnsupportedSQL(
+            f"{node.sql('postgres')!r}: DATE_FORMAT's pattern may use yyyy, yy, MM, dd, HH, "
+            "hh, mm, ss and SSS; write to_char(t AT TIME ZONE 'UTC', '...') for others"
+        )
+    zoned = exp.AtTimeZone(this=args[0].copy(), zone=exp.Literal.string("UTC"))
+    return exp.Anonymous(this="to_char", expressions=[zoned, exp.Literal.string(pattern)])
