@@ -120,6 +120,17 @@ class SubscriptionCanceled(StrataError):
     """A COPY (SUBSCRIBE ...) TO STDOUT ended by the client's cancel request."""
 
 
+# ---- sinks (server/sinks/) ------------------------------------------------------------------
+
+
+class SinkExists(StrataError):
+    """CREATE SINK names a sink that already exists."""
+
+
+class UnknownSink(StrataError):
+    """DROP SINK names a sink that does not exist."""
+
+
 # ---- a cluster of nodes (server/replication/) --------------------------------------------
 
 

@@ -22,6 +22,10 @@ step's transaction with its work written and not yet committed:
 - ``backfill_chunk``: a back-fill chunk's partial rows are copied in, for a new stream or
   an ALTER's ``__next`` stream (server/workers/backfill.py);
 - ``alter_swap``: inside the ALTER's swap, everything renamed (server/alter.py);
+- ``sink_write``: a PostgreSQL sink has written a batch's rows and position in its
+  target's transaction, not committed (server/sinks/postgres.py); ``key`` is the sink;
+- ``sink_delivered``: a sink's batch is in its target (committed there, or answered 2xx by
+  a webhook) and this server has not noted it yet (server/sinks/worker.py);
 - ``replace_rows``: a cluster node has put the rows the cluster chose in place of its own
   rows of a run in conflict, and computed its streams again; ``key`` is the run id
   (server/replication/replace.py).
@@ -42,7 +46,8 @@ flight then. So, before striking, the hook appends one JSON line to the file
 STRATA_FAULT_LOG names (written and fsynced first: the strike may kill this process):
 the phase, target and key, how many times the point had been reached, the pids it is about
 to signal, and ``in_flight``, what the point's caller holds uncommitted (the batch's run
-ids, the windows of a repair, the runs of a back-fill chunk, the rows of a fold). A target
+ids, the windows of a repair, the runs of a back-fill chunk, the rows of a fold, the
+changes of a sink's batch). A target
 with no process to signal (PostgreSQL not embedded) is logged with no pids, for the test
 to fail on, and the work goes on.
 
@@ -77,6 +82,8 @@ WORKER_PHASES = (
     "backfill_chunk",
     "alter_swap",
     "replace_rows",
+    "sink_write",
+    "sink_delivered",
 )
 PHASES = RUN_PHASES + WORKER_PHASES
 TARGETS = ("server", "postgres", "spark", "sigint", "sigterm")

@@ -31,6 +31,7 @@ from rewriter.naming import INTERNAL_SCHEMA, partial_archive_table
 from rewriter.plan import ParallelAggregatePlan
 from server import catalog
 from server.catalog import PlanCache
+from server.sinks.store import load_sinks
 
 log = logging.getLogger("strata.metrics")
 
@@ -365,6 +366,37 @@ class CatalogCollector(Collector):
         ):
             watermark.add_metric([row.stream], row.watermark.timestamp())
         yield watermark
+        yield from self._sinks(connection)
+
+    @staticmethod
+    def _sinks(connection: sa.Connection) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "strata_sink_lag_changes",
+            "Changes of a sink's stream committed and not yet delivered by the sink (CREATE "
+            "SINK), as this server knows its position; absent before its first delivery.",
+            labels=["sink", "stream"],
+        )
+        delivered = GaugeMetricFamily(
+            "strata_sink_position",
+            "The last change position a sink delivered, as this server knows it.",
+            labels=["sink", "stream"],
+        )
+        failing = GaugeMetricFamily(
+            "strata_sink_failing",
+            "1 while a sink's last attempt failed (state retrying or broken; the error is in "
+            "GET /streams/{name}), else 0.",
+            labels=["sink", "stream"],
+        )
+        for sink in load_sinks(connection):
+            labels = [sink.name, sink.stream]
+            if sink.lag is not None:
+                lag.add_metric(labels, sink.lag)
+            if sink.position is not None:
+                delivered.add_metric(labels, sink.position)
+            failing.add_metric(labels, 1 if sink.state in ("retrying", "broken") else 0)
+        yield lag
+        yield delivered
+        yield failing
 
     def _partial_rows(self, connection: sa.Connection) -> Metric:
         family = GaugeMetricFamily(

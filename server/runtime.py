@@ -34,6 +34,7 @@ from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
 from server.shutdown import SPARK_SHARE, WORK_SHARE, Shutdown
+from server.sinks.worker import SinkWorker
 from server.workers.backfill import Backfiller
 from server.workers.loop import Background, Worker
 from server.workers.reducer import Reducer
@@ -175,6 +176,15 @@ def assemble(
         Materializer(engine, plans, interval=settings.serial_interval, metrics=metrics),
         repairer,
         Swapper(engine, plans, metrics=metrics),
+        SinkWorker(
+            engine,
+            plans,
+            interval=settings.sink_interval,
+            batch=settings.sink_batch,
+            timeout=settings.sink_timeout,
+            backoff_max=settings.sink_backoff_max,
+            metrics=metrics,
+        ),
     ]
     # Every name Settings accepts is a worker's: a name that wires nothing would leave a
     # worker silently off.

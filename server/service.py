@@ -48,6 +48,7 @@ from server.ingest.progress import stream_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.replication.digest import digest
+from server.sinks.ddl import guard_drop as guard_sinks
 from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
 
@@ -270,6 +271,7 @@ class StrataService:
                 raise StreamInUse(
                     f"stream {name!r} is used by {', '.join(users)}; drop those first"
                 )
+            guard_sinks(connection, name)
             self._drop(connection, records, name)
             if within is not None:
                 within(connection, name)

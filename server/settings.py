@@ -8,8 +8,8 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-# The background workers `strata up` runs (server/workers/), by name.
-WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repair", "alter"]
+# The background workers `strata up` runs (server/workers/, server/sinks/worker.py), by name.
+WorkerName = Literal["backfill", "reducer", "retention", "materializer", "repair", "alter", "sink"]
 ALL_WORKERS: tuple[WorkerName, ...] = get_args(WorkerName)
 
 
@@ -116,6 +116,30 @@ class Settings(BaseSettings):
         "of a followed stream: a client may resume from any position this recent; older "
         "ones answer 410 with the oldest position kept (re-sync with snapshot=true).",
     )
+    sink_interval: float = Field(
+        0.5,
+        gt=0,
+        description="Seconds between two passes of the sink worker over the sinks (CREATE "
+        "SINK) while they have nothing to deliver: how soon a change reaches a sink's target.",
+    )
+    sink_batch: int = Field(
+        1000,
+        ge=1,
+        description="Most changes a sink delivers in one batch (one transaction in a "
+        "PostgreSQL target, one POST to a webhook), unless the sink sets batch_size.",
+    )
+    sink_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a sink waits to connect to its target or for a webhook's answer "
+        "before the attempt counts as failed and is retried.",
+    )
+    sink_backoff_max: float = Field(
+        30.0,
+        gt=0,
+        description="Most seconds between two attempts of a failing sink: the delay starts at "
+        "half a second and doubles with each failure in a row, up to this.",
+    )
     serial_interval: float = Field(
         5.0,
         description="Seconds between passes of the workers that write the closed windows of "
@@ -125,9 +149,10 @@ class Settings(BaseSettings):
     workers: Annotated[tuple[WorkerName, ...], NoDecode] = Field(
         ALL_WORKERS,
         description="The background workers to run, comma-separated, from backfill, reducer, "
-        "retention, materializer, repair, alter (default: all). A worker left out does "
+        "retention, materializer, repair, alter, sink (default: all). A worker left out does "
         "nothing until a later start includes it: views stay exact, archives are just not "
-        "compacted, materialized, repaired or back-filled, nor ALTERs swapped in, meanwhile.",
+        "compacted, materialized, repaired or back-filled, nor ALTERs swapped in, nor sinks "
+        "delivered, meanwhile.",
     )
     shutdown_timeout: float = Field(
         8.0,

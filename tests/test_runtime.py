@@ -333,11 +333,12 @@ def test_every_worker_name_of_the_settings_wires_a_worker() -> None:
     """STRATA_WORKERS names the workers `strata up` runs: each name is a worker's, so that
     none is silently left off (a repairer named otherwise once was)."""
     from server.settings import ALL_WORKERS, DEFAULTS
+    from server.sinks.worker import SinkWorker
     from server.workers.backfill import Backfiller
     from server.workers.reducer import Reducer
     from server.workers.retention import Retention
     from server.workers.serial import Materializer, Repairer
     from server.workers.swapper import Swapper
 
-    classes = (Backfiller, Reducer, Retention, Materializer, Repairer, Swapper)
+    classes = (Backfiller, Reducer, Retention, Materializer, Repairer, Swapper, SinkWorker)
     assert {c.name for c in classes} == set(ALL_WORKERS) == set(DEFAULTS.workers)

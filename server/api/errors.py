@@ -21,12 +21,14 @@ from server.errors import (
     ReplicaTooEarly,
     RunConflict,
     RunFormatError,
+    SinkExists,
     SpoolFull,
     StreamExists,
     StreamInUse,
     Unauthorized,
     Unavailable,
     UnknownRun,
+    UnknownSink,
     UnknownStream,
     UnsupportedContentType,
 )
@@ -53,6 +55,8 @@ STATUS: dict[type[StrataError], int] = {
     NotTheOwner: 421,
     NoFeed: 400,
     PositionGone: 410,
+    SinkExists: 409,
+    UnknownSink: 404,
 }
 
 

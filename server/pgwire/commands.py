@@ -41,12 +41,15 @@ from server.pgwire.statements import (
     FetchSubscription,
     Name,
     Refused,
+    ShowSinks,
     ShowStreams,
+    SinkStatement,
     Statement,
 )
 from server.pgwire.subscribe import COLUMNS as SUBSCRIPTION_COLUMNS
 from server.service import StrataService
 from server.settings import Settings
+from server.sinks.ddl import run_sink_statement, sinks
 
 TEXT_OID = 25
 
@@ -124,6 +127,31 @@ class Commands:
             raise UnknownStream(f"stream {statement.name.name!r} does not exist")
         lines = explain(describe(record, self.service.streams()))
         return Result("EXPLAIN", result_columns(statement), [[line] for line in lines])
+
+    # ---- sinks -----------------------------------------------------------------------
+
+    def sink_statement(self, statement: SinkStatement) -> Result:
+        done = run_sink_statement(self.service, statement.text)
+        if done.changed:
+            return Result(done.tag)
+        why = "does not exist" if done.sink is None else "already exists"
+        return Result(done.tag, notices=[f"sink {done.name!r} {why}, skipping"])
+
+    def show_sinks(self) -> Result:
+        rows = [
+            [
+                s.name,
+                s.stream,
+                s.connector,
+                s.target,
+                _text(s.position),
+                _text(s.lag),
+                s.state,
+                s.error,
+            ]
+            for s in sinks(self.service.engine)
+        ]
+        return Result(f"SELECT {len(rows)}", result_columns(ShowSinks(0)), rows)
 
     # ---- runs ------------------------------------------------------------------------
 
@@ -270,6 +298,7 @@ def raw_columns(stream: StreamRecord) -> list[ColumnSpec]:
 
 SHOW_STREAMS_COLUMNS = ("name", "kind", "parallelism", "raw_sources", "definition")
 EXPLAIN_STREAM_COLUMN = "STREAM PLAN"
+SHOW_SINKS_COLUMNS = ("name", "stream", "connector", "target", "position", "lag", "state", "error")
 
 
 def result_columns(statement: Statement) -> list[tuple[str, int]] | None:
@@ -278,6 +307,8 @@ def result_columns(statement: Statement) -> list[tuple[str, int]] | None:
         return [(c, TEXT_OID) for c in SHOW_STREAMS_COLUMNS]
     if isinstance(statement, ExplainStream):
         return [(EXPLAIN_STREAM_COLUMN, TEXT_OID)]
+    if isinstance(statement, ShowSinks):
+        return [(c, TEXT_OID) for c in SHOW_SINKS_COLUMNS]
     if isinstance(statement, FetchSubscription):
         return list(SUBSCRIPTION_COLUMNS)
     return None

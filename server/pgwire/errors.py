@@ -26,6 +26,7 @@ from server.errors import (
     RunFormatError,
     RunNotCommitted,
     RunRejected,
+    SinkExists,
     SpoolFull,
     StreamExists,
     StreamInUse,
@@ -34,6 +35,7 @@ from server.errors import (
     Unauthorized,
     Unavailable,
     UnknownRun,
+    UnknownSink,
     UnknownStream,
     UnsupportedContentType,
 )
@@ -73,6 +75,8 @@ SQLSTATE: dict[type[StrataError], str] = {
     NoFeed: "0A000",  # feature_not_supported
     PositionGone: "55000",
     SubscriptionCanceled: "57014",  # query_canceled, as PostgreSQL's own COPY TO
+    SinkExists: "42710",  # duplicate_object
+    UnknownSink: "42704",  # undefined_object
 }
 UNREACHABLE = "57P03"  # cannot_connect_now
 INTERNAL = "XX000"

@@ -60,7 +60,9 @@ from server.pgwire.statements import (
     FetchSubscription,
     Insert,
     Refused,
+    ShowSinks,
     ShowStreams,
+    SinkStatement,
     Statement,
     Subscription,
     changes_streams,
@@ -550,6 +552,10 @@ class Session:
             return await self._call(commands.show_streams)
         if isinstance(statement, ExplainStream):
             return await self._call(commands.explain_stream, statement)
+        if isinstance(statement, SinkStatement):
+            return await self._call(commands.sink_statement, statement)
+        if isinstance(statement, ShowSinks):
+            return await self._call(commands.show_sinks)
         if isinstance(statement, DeclareSubscription):
             if statement.cursor in self._cursors:
                 raise _DuplicateCursor(f"cursor {statement.cursor!r} already exists")

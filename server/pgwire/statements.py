@@ -16,10 +16,12 @@ first words:
                                         the session's subscription cursors
     CLOSE c                             CloseSubscription - the same
     COPY (SUBSCRIBE name) TO STDOUT     CopySubscribe
+    CREATE SINK ... / DROP SINK ...     SinkStatement (server/sinks/statement.py reads it)
+    SHOW SINKS                          ShowSinks
 
 SUBSCRIBE [TO] name [SINCE position] follows a stream's change feed (server/feed/).
-None of the first five, nor DECLARE ... FOR SUBSCRIBE or COPY (SUBSCRIBE ...), is valid
-PostgreSQL, so taking them never hides a statement from
+None of the first five, nor the sinks' statements, nor DECLARE ... FOR SUBSCRIBE or COPY
+(SUBSCRIBE ...), is valid PostgreSQL, so taking them never hides a statement from
 PostgreSQL. A COPY or INSERT is Strata's only once the session has found its target among
 the streams; until then it is a candidate, and a form Strata does not take (``COPY s FROM
 'file'``, ``INSERT INTO s SELECT ...``) carries the refusal to raise if it is. Everything
@@ -83,6 +85,17 @@ class AlterStream:
 
 @dataclass(frozen=True)
 class ShowStreams:
+    at: int
+
+
+@dataclass(frozen=True)
+class SinkStatement:
+    text: str  # CREATE SINK or DROP SINK, from its first word to its end
+    at: int
+
+
+@dataclass(frozen=True)
+class ShowSinks:
     at: int
 
 
@@ -178,6 +191,8 @@ Statement = (
     | AlterStream
     | ShowStreams
     | ExplainStream
+    | SinkStatement
+    | ShowSinks
     | CopyFrom
     | Insert
     | DeclareSubscription
@@ -189,7 +204,7 @@ Statement = (
 
 def changes_streams(statement: Statement) -> bool:
     """Does the statement change streams or load runs (only the owner's role may)?"""
-    return not isinstance(statement, ShowStreams | ExplainStream | Subscription)
+    return not isinstance(statement, ShowStreams | ExplainStream | ShowSinks | Subscription)
 
 
 def title(statement: Statement) -> str:
@@ -200,6 +215,8 @@ def title(statement: Statement) -> str:
         AlterStream: "ALTER STREAM",
         ShowStreams: "SHOW STREAMS",
         ExplainStream: "EXPLAIN STREAM",
+        SinkStatement: "CREATE SINK or DROP SINK",
+        ShowSinks: "SHOW SINKS",
         CopyFrom: "COPY into a stream",
         Insert: "INSERT into a stream",
         DeclareSubscription: "DECLARE ... CURSOR FOR SUBSCRIBE",
@@ -235,6 +252,10 @@ def classify(text: str, piece: Piece) -> Statement | None:
         return AlterStream(text[first.start : tokens[-1].end], at)
     if first.value == "show" and second.is_word("streams") and len(tokens) == 2:
         return ShowStreams(at)
+    if first.value in ("create", "drop") and second.is_word("sink"):
+        return SinkStatement(text[first.start : tokens[-1].end], at)
+    if first.value == "show" and second.is_word("sinks") and len(tokens) == 2:
+        return ShowSinks(at)
     if first.value == "explain" and second.is_word("stream"):
         name, rest = _name(tokens, 2, "EXPLAIN STREAM")
         _expect_end(rest, tokens, "EXPLAIN STREAM takes one stream name")
