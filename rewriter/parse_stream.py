@@ -372,7 +372,7 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
             f"e.g. {EXAMPLE}",
             position=position_of(query),
         )
-    select = _group_windows(desugar(query, windows))
+    select = _window_subqueries(_group_windows(desugar(query, windows)))
     if names:
         select = _named_columns(select, names)
     return DerivedStreamStatement(name, select)
@@ -440,6 +440,41 @@ def _group_windows(select: exp.Select) -> exp.Select:
         return node
 
     rewritten.set("expressions", [e.transform(bounds) for e in rewritten.expressions])
+    return rewritten
+
+
+def _window_subqueries(select: exp.Select) -> exp.Select:
+    """A join input ``(SELECT * FROM TUMBLE(s, ...)) AS x`` (Flink's window join, each side
+    a windowing table function in parentheses) as the window itself, ``TUMBLE(s, ...) AS
+    x``: the same rows, which joins of windows read."""
+    if not select.args.get("joins"):
+        return select
+    rewritten = select.copy()
+    from_ = rewritten.args.get("from_")
+    items = [from_.this if from_ is not None else None]
+    items += [j.this for j in rewritten.args.get("joins") or []]
+    for item in items:
+        if not isinstance(item, exp.Subquery) or not isinstance(item.this, exp.Select):
+            continue
+        inner = item.this
+        source = inner.args.get("from_")
+        window = source.this if source is not None else None
+        if (
+            len(inner.expressions) == 1
+            and isinstance(inner.expressions[0], exp.Star)
+            and isinstance(window, exp.Table)
+            and isinstance(window.this, exp.Anonymous)
+            and window.this.name.upper() in _GROUP_WINDOWS
+            and not window.alias
+            and not any(inner.args.get(k) for k in ("joins", "where", "group", "having", "order"))
+        ):
+            call = window.this.copy()
+            alias = item.alias
+            item.replace(
+                exp.alias_(exp.Table(this=call), alias, table=True)
+                if alias
+                else exp.Table(this=call)
+            )
     return rewritten
 
 
