@@ -372,7 +372,7 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
             f"e.g. {EXAMPLE}",
             position=position_of(query),
         )
-    select = _window_subqueries(_group_windows(desugar(query, windows)))
+    select = _distinct_as_groups(_window_subqueries(_group_windows(desugar(query, windows))))
     if names:
         select = _named_columns(select, names)
     return DerivedStreamStatement(name, select)
@@ -441,6 +441,25 @@ def _group_windows(select: exp.Select) -> exp.Select:
 
     rewritten.set("expressions", [e.transform(bounds) for e in rewritten.expressions])
     return rewritten
+
+
+def _distinct_as_groups(select: exp.Select) -> exp.Select:
+    """``SELECT DISTINCT a, b FROM ...`` without aggregates as ``SELECT a, b FROM ... GROUP
+    BY a, b``: the same rows, as a stream of groups (with aggregates, or with ``*``, it is
+    left as written, for the passes that take or refuse it)."""
+    distinct = select.args.get("distinct")
+    if distinct is None or distinct.args.get("on") is not None or select.args.get("group"):
+        return select
+    items = select.expressions
+    if any(isinstance(i, exp.Star) or (isinstance(i, exp.Column) and i.is_star) for i in items):
+        return select
+    if select.find(exp.AggFunc, exp.Window) is not None:
+        return select
+    grouped = select.copy()
+    grouped.set("distinct", None)
+    keys = [(i.this if isinstance(i, exp.Alias) else i).copy() for i in grouped.expressions]
+    grouped.set("group", exp.Group(expressions=keys))
+    return grouped
 
 
 def _window_subqueries(select: exp.Select) -> exp.Select:

@@ -118,6 +118,14 @@ def test_flink_group_windows_are_window_calls_in_from() -> None:
         )
 
 
+def test_select_distinct_without_aggregates_is_grouped() -> None:
+    streams = {"bid": rewrite(BID, {})}
+    plan = rewrite("CREATE STREAM pairs AS SELECT DISTINCT auction, price AS p FROM bid", streams)
+    assert [c.name for c in plan.outputs] == ["auction", "p"]  # type: ignore[union-attr]
+    with pytest.raises(StrataError, match="SELECT DISTINCT"):
+        rewrite("CREATE STREAM s AS SELECT DISTINCT * FROM bid", streams)
+
+
 def test_errors_point_at_the_text_as_written() -> None:
     with pytest.raises(InvalidSQL) as caught:
         parse_stream(

@@ -369,3 +369,41 @@ def test_flinks_window_join_as_written_equals_its_batch(module_strata: Strata) -
             same(strata, view, oracle)
     assert late_runs(strata, left) > 0
     assert all(strata.query(v.replace("*", "count(*)", 1))[0][0] > 0 for v in oracles)
+
+
+def test_select_distinct_is_a_stream_of_groups_equal_to_its_batch(module_strata: Strata) -> None:
+    """SELECT DISTINCT without aggregates (the rows once each, over all time or per window)
+    is the same query grouped by its columns: equal to PostgreSQL's SELECT DISTINCT over the
+    raw rows after every run, one of them late."""
+    strata = module_strata
+    n = next(_names)
+    bid, _ = _streams(strata, n)
+    queries = {
+        f"pairs_{n}": f"SELECT DISTINCT auction, bidder FROM {bid}",
+        f"hourly_{n}": f"SELECT DISTINCT bidder, window_start FROM TUMBLE({bid}, date_time, "
+        "INTERVAL '1 hour')",
+    }
+    for name, query in queries.items():
+        strata.create(f"CREATE STREAM {name} AS {query}")
+    oracles = {
+        f"SELECT * FROM pairs_{n}": f"SELECT DISTINCT auction, bidder FROM {bid}",
+        f"SELECT * FROM hourly_{n}": "SELECT DISTINCT bidder, date_bin('1 hour', date_time, "
+        f"timestamptz 'epoch') FROM {bid}",
+    }
+    rng = random.Random(2)
+    for i in range(5):
+        hours = i if i != 3 else 0  # run 3 comes late
+        rows = [
+            {
+                "auction": rng.randrange(4),
+                "bidder": rng.randrange(3),
+                "price": 1,
+                "extra": "d",
+                "date_time": at(hours * 3600 + rng.randrange(3600)),
+            }
+            for _ in range(8)
+        ]
+        strata.ingest(bid, ndjson(rows))
+        for view, oracle in oracles.items():
+            same(strata, view, oracle)
+    assert late_runs(strata, bid) > 0
