@@ -14,11 +14,14 @@ from fastapi.responses import StreamingResponse
 from server.api.deps import ServiceDep
 from server.errors import PositionGone
 from server.feed import Change, Feed, open_feed
+from server.feed.hub import FeedHub
+from server.service import StrataService
 
 router = APIRouter(tags=["streams"])
 
-# How often a subscriber's cursor looks for new changes, and after how long without any a
-# progress event tells the client it is caught up.
+# How often the feed hub reads the followed streams' latest positions (one query for every
+# subscriber of this process), and after how long without changes a progress event tells
+# the client it is caught up.
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 1.0
 
@@ -55,31 +58,49 @@ async def follow_changes(
         open_feed, service.engine, service.plans, name, since=since, snapshot=snapshot
     )
     return StreamingResponse(
-        _events(feed, first, request),
+        _events(feed, first, request, _hub(request, service)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _events(feed: Feed, first: list[Change], request: Request) -> AsyncIterator[str]:
+def _hub(request: Request, service: StrataService) -> FeedHub:
+    """The process's one watcher of feed positions (server/feed/hub.py), made on first use."""
+    hub: FeedHub | None = getattr(request.app.state, "feed_hub", None)
+    if hub is None:
+        hub = request.app.state.feed_hub = FeedHub(service.engine, POLL_SECONDS)
+    return hub
+
+
+async def _events(
+    feed: Feed, first: list[Change], request: Request, hub: FeedHub
+) -> AsyncIterator[str]:
     for change in first:
         yield _event(change)
     if first:
         yield _event(feed.progress())  # the snapshot's position, to resume from
-    quiet_since = time.monotonic()
-    while not await request.is_disconnected():
-        try:
-            changes = await run_in_threadpool(feed.poll)
-        except PositionGone as gone:  # retention overtook a slow subscriber: say so, end
-            data = json.dumps({"error": str(gone), "status": 410, "oldest_position": gone.oldest})
-            yield f"event: error\ndata: {data}\n\n"
-            return
-        for change in changes:
-            yield _event(change)
-        if changes:
-            quiet_since = time.monotonic()
-            continue
-        if time.monotonic() - quiet_since >= PROGRESS_SECONDS:
-            yield _event(feed.progress())
-            quiet_since = time.monotonic()
-        await asyncio.sleep(POLL_SECONDS)
+    quiet_since = polled = time.monotonic()
+    with hub.subscribed(feed.name):
+        while not await request.is_disconnected():
+            # Read changes when the hub saw the stream move past us, and once a second
+            # regardless (which also announces an ALTER swapped in at once).
+            latest = hub.latest(feed.name)
+            if latest is None or latest > feed.position or time.monotonic() - polled >= 1.0:
+                polled = time.monotonic()
+                try:
+                    changes = await run_in_threadpool(feed.poll)
+                except PositionGone as gone:  # retention overtook a slow subscriber: say so
+                    data = json.dumps(
+                        {"error": str(gone), "status": 410, "oldest_position": gone.oldest}
+                    )
+                    yield f"event: error\ndata: {data}\n\n"
+                    return
+                for change in changes:
+                    yield _event(change)
+                if changes:
+                    quiet_since = time.monotonic()
+                    continue
+            if time.monotonic() - quiet_since >= PROGRESS_SECONDS:
+                yield _event(feed.progress())
+                quiet_since = time.monotonic()
+            await asyncio.sleep(POLL_SECONDS)

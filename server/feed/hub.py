@@ -1,0 +1,97 @@
+"""One watcher of the feeds' latest positions for every subscriber of this process.
+
+A subscriber over HTTP used to ask PostgreSQL for new changes every 0.1 s, so that 100
+subscribers of one stream made 1,000 queries a second while nothing changed. Now one
+thread reads the latest position of every stream someone follows, once per interval, in
+one query; a subscriber reads its changes only when its stream's latest position is past
+its own (and at least once a second, which also announces an ALTER swapped in at once:
+server/feed/read.py ``Feed.poll``). The thread runs while anyone subscribes and ends a few
+seconds after the last one leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+from psycopg import sql
+
+from server.feed.record import FEEDS
+
+log = logging.getLogger(__name__)
+
+LATEST = sql.SQL("SELECT stream, position FROM {} WHERE stream = ANY(%s)").format(FEEDS)
+IDLE_SECONDS = 5.0  # the thread ends this long after the last subscriber left
+
+
+class FeedHub:
+    """The latest position of each followed stream with subscribers here, refreshed every
+    ``interval`` seconds by one thread (``latest``), and how many queries that took."""
+
+    def __init__(self, engine: sa.Engine, interval: float = 0.1) -> None:
+        self.engine = engine
+        self.interval = interval
+        self.queries = 0
+        self._subscribers: Counter[str] = Counter()
+        self._latest: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def subscribed(self, name: str) -> Iterator[None]:
+        """While a subscriber of ``name`` is connected."""
+        with self._lock:
+            self._subscribers[name] += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._watch, name="strata-feed-hub", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._subscribers[name] -= 1
+                if self._subscribers[name] <= 0:
+                    del self._subscribers[name]
+                    self._latest.pop(name, None)
+
+    def latest(self, name: str) -> int | None:
+        """``name``'s latest position as last read (None: not read yet)."""
+        with self._lock:
+            return self._latest.get(name)
+
+    def _watch(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._lock:
+                names = sorted(self._subscribers)
+                if not names:
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > IDLE_SECONDS:
+                        self._thread = None
+                        return
+            if names:
+                idle_since = None
+                try:
+                    self._read(names)
+                except sa.exc.SQLAlchemyError as err:  # a subscriber polls once a second anyway
+                    log.warning("reading the feeds' positions failed: %s", err)
+            time.sleep(self.interval)
+
+    def _read(self, names: list[str]) -> None:
+        with self.engine.connect() as connection:
+            driver = connection.connection.driver_connection
+            assert driver is not None
+            rows = driver.execute(LATEST, (names,)).fetchall()
+            connection.rollback()
+        with self._lock:
+            self.queries += 1
+            for name, position in rows:
+                if name in self._subscribers:
+                    self._latest[name] = int(position)

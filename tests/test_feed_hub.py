@@ -1,0 +1,120 @@
+"""Many subscribers of one stream over HTTP share one watcher of the feed's position
+(server/feed/hub.py): while nothing changes they cost PostgreSQL one query per interval,
+not one per subscriber; when a run commits, every one of them gets its changes, in order,
+once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from server.feed.read import Feed
+from tests.conftest import Strata
+from tests.test_feed import serving
+
+SUBSCRIBERS = 20
+RAW = "hub_imps"
+VIEW = "hub_imps_1m"
+
+
+def _run(minute: int, rows: int) -> str:
+    lines = ["campaign,price,t"]
+    lines += [f"c{k % 3},1.5,2026-11-20T10:{minute:02d}:{k % 60:02d}Z" for k in range(rows)]
+    return "\n".join(lines) + "\n"
+
+
+class Follower:
+    def __init__(self, url: str) -> None:
+        self.positions: list[int] = []
+        self.progress = threading.Event()
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str) -> None:
+        try:
+            with (
+                httpx.Client(timeout=httpx.Timeout(10, read=None)) as client,
+                client.stream("GET", url) as response,
+            ):
+                kind = None
+                for line in response.iter_lines():
+                    if self.stop.is_set():
+                        return
+                    if line.startswith("event:"):
+                        kind = line.split(":", 1)[1].strip()
+                    elif line.startswith("data:"):
+                        if kind == "progress":
+                            self.progress.set()
+                        else:
+                            self.positions.append(json.loads(line[5:])["position"])
+                        kind = None
+        except Exception as err:  # noqa: BLE001 - asserted by the test
+            if not self.stop.is_set():
+                self.error = repr(err)
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """When Feed.poll (a query of feed_changes) is called: counted, not replaced."""
+    calls: list[float] = []
+    original = Feed.poll
+
+    def counted(self: Feed, limit: int = 1000) -> list:  # type: ignore[type-arg]
+        calls.append(time.monotonic())
+        return original(self, limit)
+
+    monkeypatch.setattr(Feed, "poll", counted)
+    yield calls
+
+
+def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
+    module_strata: Strata, polls: list[float]
+) -> None:
+    strata = module_strata
+    strata.create(
+        f"CREATE STREAM {RAW} (campaign text, price numeric(12,4), t timestamptz) "
+        "WITH (event_time = 't')"
+    )
+    strata.create(
+        f"CREATE STREAM {VIEW} AS SELECT campaign, count(*) AS c, window_end AS t "
+        f"FROM TUMBLE({RAW}, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.ingest(RAW, _run(1, 30), csv=True, run_id="hub-1")
+    with serving(strata.client.app) as base:  # type: ignore[arg-type]
+        followers = [Follower(f"{base}/streams/{VIEW}/changes?since=0") for _ in range(SUBSCRIBERS)]
+        try:
+            for follower in followers:
+                assert follower.progress.wait(60), follower.error
+            hub = strata.client.app.state.feed_hub  # type: ignore[attr-defined]
+            # Idle for 3 s: the subscribers read changes about once a second each (not ten
+            # times), and the hub about ten times a second for all of them.
+            polls.clear()
+            queries = hub.queries
+            time.sleep(3.0)
+            assert len(polls) <= SUBSCRIBERS * 5, len(polls)  # 10 a second each: 600
+            assert 5 <= hub.queries - queries <= 60
+
+            # A run commits: every subscriber gets its changes, in order, once, promptly.
+            before = [len(f.positions) for f in followers]
+            committed = time.monotonic()
+            strata.ingest(RAW, _run(2, 30), csv=True, run_id="hub-2")
+            deadline = committed + 30
+            while any(len(f.positions) == n for f, n in zip(followers, before, strict=True)):
+                assert time.monotonic() < deadline, [f.error for f in followers]
+                time.sleep(0.05)
+            time.sleep(1.5)
+            expected = followers[0].positions
+            assert expected == list(range(1, len(expected) + 1))
+            for follower in followers:
+                assert follower.error is None
+                assert follower.positions == expected
+        finally:
+            for follower in followers:
+                follower.stop.set()
