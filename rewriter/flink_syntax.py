@@ -6,7 +6,9 @@ queries as their project writes them, and SQL copied from Flink's documentation)
 * ``INTERVAL '10' SECOND`` (the SQL standard's interval, which PostgreSQL also takes) is
   ``INTERVAL '10 SECOND'``;
 * ``DATE_FORMAT(t, 'yyyy-MM-dd')`` (Java's pattern letters) is
-  ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')`` (desugar_functions, on the parsed tree);
+  ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')``, ``REGEXP_EXTRACT(s, p, n)`` is
+  ``(regexp_match(s, p))[n]`` and ``SPLIT_INDEX(s, sep, i)`` is ``split_part(s, sep, i + 1)``
+  where ``s`` has the piece, else NULL (desugar_functions, on the parsed tree);
 * a name in backticks, `` `dateTime` ``, is the name itself: a quoted identifier in lower
   case (``"datetime"``), as Strata's names are, so that it also names a reserved word
   (`` `value` ``).
@@ -198,32 +200,80 @@ def to_char_pattern(java: str) -> str | None:
     return "".join(out)
 
 
-# Flink functions with no equivalent of the same meaning in both engines, and what to write.
-_INSTEAD = {
-    "REGEXP_EXTRACT": (
-        "Flink's REGEXP_EXTRACT (Java's regular expressions) is not supported; write "
-        "PostgreSQL's (regexp_match(s, pattern))[n], whose meaning (the longest alternative "
-        "of a|b) Strata keeps in both engines"
-    ),
-    "SPLIT_INDEX": (
-        "Flink's SPLIT_INDEX(s, sep, i) is not supported; write split_part(s, sep, i + 1) "
-        "(it counts from 1, and gives '' where SPLIT_INDEX gives NULL)"
-    ),
-}
+def _regexp_extract(node: exp.RegexpExtract) -> exp.Expr:
+    """REGEXP_EXTRACT(s, pattern, n) as (regexp_match(s, pattern))[n] (n = 0: the whole
+    match). Flink's meaning is Java's (the first alternative that matches); Strata plans
+    regexp_match only for patterns whose alternatives choose alike in PostgreSQL and Java
+    (rewriter/regex_choices.py), so where it is planned both meanings are one."""
+    pattern, index = node.expression, node.args.get("position")
+    n = 1 if index is None else _literal_int(index)
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string) or n is None or n < 0:
+        raise UnsupportedSQL(
+            f"{node.sql('postgres')!r}: REGEXP_EXTRACT takes a pattern literal and a group "
+            "number literal, e.g. REGEXP_EXTRACT(s, '(a+)b', 1); or write "
+            "(regexp_match(s, pattern))[n]"
+        )
+    text = pattern.this if n else f"({pattern.this})"
+    match = exp.Anonymous(
+        this="regexp_match", expressions=[node.this.copy(), exp.Literal.string(text)]
+    )
+    # sqlglot keeps PostgreSQL's 1-based subscript as a 0-based offset.
+    return exp.Bracket(this=exp.Paren(this=match), expressions=[exp.Literal.number(max(n, 1) - 1)])
+
+
+def _split_index(node: exp.Anonymous) -> exp.Expr:
+    """SPLIT_INDEX(s, sep, i): the i-th (from 0) piece of s split at sep, NULL when there is
+    no such piece (or s is empty, or i negative), as split_part(s, sep, i + 1) where s holds
+    at least i separators, else NULL (split_part would give '')."""
+    args = node.expressions
+    sep = args[1] if len(args) == 3 else None
+    index = _literal_int(args[2]) if len(args) == 3 else None
+    if not (isinstance(sep, exp.Literal) and sep.is_string and sep.this) or index is None:
+        raise UnsupportedSQL(
+            f"{node.sql('postgres')!r}: SPLIT_INDEX takes a separator literal (not empty) and "
+            "an index literal, e.g. SPLIT_INDEX(url, '/', 3); or write split_part(s, sep, i + 1)"
+        )
+    if index < 0:
+        return exp.Null()
+    text = args[0]
+    separators = exp.Sub(
+        this=exp.Length(this=text.copy()),
+        expression=exp.Length(
+            this=exp.Replace(
+                this=text.copy(), expression=sep.copy(), replacement=exp.Literal.string("")
+            )
+        ),
+    )
+    present = exp.and_(
+        exp.NEQ(this=text.copy(), expression=exp.Literal.string("")),
+        exp.GTE(this=separators, expression=exp.Literal.number(index * len(sep.this))),
+    )
+    piece = exp.SplitPart(
+        this=text.copy(), delimiter=sep.copy(), part_index=exp.Literal.number(index + 1)
+    )
+    return exp.Case(ifs=[exp.If(this=present, true=piece)])
+
+
+def _literal_int(node: exp.Expr) -> int | None:
+    if isinstance(node, exp.Literal) and not node.is_string and node.this.lstrip("-").isdigit():
+        return int(node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        value = _literal_int(node.this)
+        return None if value is None else -value
+    return None
 
 
 def desugar_functions(node: exp.Expr) -> exp.Expr:
     """Flink's functions with a PostgreSQL and Spark equivalent, as that equivalent (use as
     ``tree.transform(desugar_functions)``): DATE_FORMAT(t, 'yyyy-MM-dd') is
     to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD') (Flink's timestamps carry no zone; Strata's
-    are formatted in UTC)."""
+    are formatted in UTC); REGEXP_EXTRACT and SPLIT_INDEX as above."""
     if isinstance(node, exp.RegexpExtract):  # sqlglot's node for REGEXP_EXTRACT(...)
-        raise UnsupportedSQL(f"{node.sql('postgres')!r}: {_INSTEAD['REGEXP_EXTRACT']}")
+        return _regexp_extract(node)
     if not isinstance(node, exp.Anonymous):
         return node
-    refused = _INSTEAD.get(node.name.upper())
-    if refused is not None:
-        raise UnsupportedSQL(f"{node.sql('postgres')!r}: {refused}")
+    if node.name.upper() == "SPLIT_INDEX":
+        return _split_index(node)
     if node.name.upper() != "DATE_FORMAT":
         return node
     args = node.expressions

@@ -138,13 +138,11 @@ def test_errors_point_at_the_text_as_written() -> None:
 # Which of the Nexmark project's texts plan as written, and the refusal of each other one.
 AS_WRITTEN = {
     *("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q10", "q11", "q12", "q13"),
-    *("q15", "q16", "q17", "q18", "q19", "q20", "q23"),
+    *("q15", "q16", "q17", "q18", "q19", "q20", "q21", "q22", "q23"),
 }
 REFUSED = {
     "q6": "window functions are supported as top-N and dedup",
     "q14": "CREATE FUNCTION count_char loads a Java class",
-    "q21": "Flink's REGEXP_EXTRACT (Java's regular expressions) is not supported; write",
-    "q22": "Flink's SPLIT_INDEX(s, sep, i) is not supported; write split_part(s, sep, i + 1)",
 }
 
 
