@@ -91,7 +91,7 @@ def test_regexp_extract_and_split_index_mean_what_flink_means(strata: Strata) ->
     shown = Counter(strata.query("SELECT url, p0, p3, q1, neg, ch, whole FROM fl_parts"))
     assert shown == model
 
-    counted = Counter()
+    counted: Counter[tuple[str | None, str | None, datetime]] = Counter()
     for url, t in rows:
         hour = t.replace(minute=0) + timedelta(hours=1)
         counted[(split_index(url, "/", 3), regexp_extract(url, CHANNEL, 2), hour)] += 1
