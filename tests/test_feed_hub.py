@@ -5,14 +5,13 @@ once."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
+from bench.feed import Subscriber
 from server.feed.read import Feed
 from tests.conftest import Strata
 from tests.test_feed import serving
@@ -28,36 +27,11 @@ def _run(minute: int, rows: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Follower:
-    def __init__(self, url: str) -> None:
-        self.positions: list[int] = []
-        self.progress = threading.Event()
-        self.stop = threading.Event()
-        self.error: str | None = None
-        self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
-        self.thread.start()
-
-    def _run(self, url: str) -> None:
-        try:
-            with (
-                httpx.Client(timeout=httpx.Timeout(10, read=None)) as client,
-                client.stream("GET", url) as response,
-            ):
-                kind = None
-                for line in response.iter_lines():
-                    if self.stop.is_set():
-                        return
-                    if line.startswith("event:"):
-                        kind = line.split(":", 1)[1].strip()
-                    elif line.startswith("data:"):
-                        if kind == "progress":
-                            self.progress.set()
-                        else:
-                            self.positions.append(json.loads(line[5:])["position"])
-                        kind = None
-        except Exception as err:  # noqa: BLE001 - asserted by the test
-            if not self.stop.is_set():
-                self.error = repr(err)
+def follow(url: str) -> Subscriber:
+    """An SSE client of ``url`` in a thread of its own (bench/feed.py's)."""
+    subscriber = Subscriber(url)
+    threading.Thread(target=subscriber.run, daemon=True).start()
+    return subscriber
 
 
 @pytest.fixture
@@ -88,10 +62,10 @@ def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
     )
     strata.ingest(RAW, _run(1, 30), csv=True, run_id="hub-1")
     with serving(strata.client.app) as base:  # type: ignore[arg-type]
-        followers = [Follower(f"{base}/streams/{VIEW}/changes?since=0") for _ in range(SUBSCRIBERS)]
+        followers = [follow(f"{base}/streams/{VIEW}/changes?since=0") for _ in range(SUBSCRIBERS)]
         try:
             for follower in followers:
-                assert follower.progress.wait(60), follower.error
+                assert follower.connected.wait(60), follower.error
             hub = strata.client.app.state.feed_hub  # type: ignore[attr-defined]
             # Idle for 3 s: the subscribers read changes about once a second each (not ten
             # times), and the hub about ten times a second for all of them.
