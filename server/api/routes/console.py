@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server.api.deps import ServiceDep
 from server.api.security import TOKEN_COOKIE
+from server.catalog import StreamRecord
 from server.console import pages
 from server.console.query import QueryRefused, QueryResult, run_read_only
 from server.feed import refusal
@@ -48,8 +49,10 @@ def mount_static(app: object) -> None:
     )
 
 
-def _summaries(service: StrataService) -> list[pages.StreamSummary]:
-    records = service.streams()
+def _summaries(
+    service: StrataService, records: dict[str, StreamRecord] | None = None
+) -> list[pages.StreamSummary]:
+    records = service.streams() if records is None else records
     with service.engine.connect() as connection:
         stats = {row[0]: row[1:] for row in connection.execute(SUMMARY)}
     return [
@@ -59,10 +62,11 @@ def _summaries(service: StrataService) -> list[pages.StreamSummary]:
 
 
 def _stream_page(service: StrataService, name: str) -> str | None:
-    summary = next((s for s in _summaries(service) if s.name == name), None)
+    records = service.streams()
+    summary = next((s for s in _summaries(service, records) if s.name == name), None)
     if summary is None:
         return None
-    plan = service.streams()[name].plan
+    plan = records[name].plan
     why = refusal(plan)
     chart = None
     if why is None and isinstance(plan, FollowedPlan):
