@@ -55,6 +55,9 @@ Before striking, the hook holds the work for a second, so that runs posted meanw
 acknowledged and pending when it strikes; not at ``after_commit``, where a waiting client
 would otherwise hear of the commit first. After a signal (not a kill) the work goes on,
 and meets the stop wherever it is. Without STRATA_FAULT, ``reach`` does nothing.
+
+A test running Strata in its own process can instead ``hold`` work at a point, in its
+transaction, and run other work against it there (a race made to happen every time).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import psutil
@@ -118,6 +121,34 @@ _lock = threading.Lock()
 _reached: Counter[tuple[str, str]] = Counter()
 # The current pid of each target process (they change when Strata restarts one).
 _pids: dict[str, Callable[[], int | None]] = {}
+# Points a test in this process holds work at (see ``hold``), by phase and key.
+_holds: dict[tuple[str, str], Hold] = {}
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Work held at a point: ``reached`` is set when it gets there, and it goes on when
+    ``released`` is set (or after ``timeout`` seconds, so that a failing test cannot hang)."""
+
+    reached: threading.Event
+    released: threading.Event
+    timeout: float
+
+
+@contextlib.contextmanager
+def hold(phase: str, key: str, *, timeout: float = 120.0) -> Iterator[Hold]:
+    """For a test running Strata in its own process: hold the work that reaches ``phase``
+    with ``key`` there, in its transaction, until the block ends - to run other work
+    against it at exactly that point. Nothing is signalled or logged."""
+    if phase not in PHASES:
+        raise ValueError(f"hold at {phase!r}: expected a phase in {PHASES}")
+    held = Hold(threading.Event(), threading.Event(), timeout)
+    _holds[phase, key] = held
+    try:
+        yield held
+    finally:
+        held.released.set()
+        _holds.pop((phase, key), None)
 
 
 def register(target: str, pid: Callable[[], int | None]) -> None:
@@ -127,6 +158,13 @@ def register(target: str, pid: Callable[[], int | None]) -> None:
 def reach(phase: str, keys: Iterable[str], **in_flight: object) -> None:
     """Called at ``phase`` by work holding ``keys`` (run ids, or a stream's name), with
     what it holds uncommitted as ``in_flight``: strike if a fault says so."""
+    keys = list(keys)
+    if _holds:
+        for key in keys:
+            held = _holds.get((phase, key))
+            if held is not None:
+                held.reached.set()
+                held.released.wait(held.timeout)
     if not _armed:
         return
     ids = set(keys)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server import faults
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, examples
@@ -273,6 +274,37 @@ def test_exact_whatever_the_order_of_runs_and_workers(
     # The example proved something: counts to compare, and a run that came late.
     assert module_strata.query(streams.oracles["top_per_5"])
     assert late(runs, float) and late_runs(module_strata, streams.names["ev"]) > 0
+
+
+def test_a_first_materialization_waits_for_the_commit_in_flight(strata: Strata) -> None:
+    """A run's commit is held inside its transaction, after it has looked for serial
+    windows already materialized (none yet: nothing noted), while the materializer writes a
+    stream's first windows: the materializer must wait for the commit (its rows then in the
+    windows), or the archive would miss them with no correction to say so."""
+    streams = Streams(strata)
+    rng = random.Random(11)
+    streams.ingest([rng.uniform(0, 60) for _ in range(100)] + [60.0], rng)
+    assert streams.state("top_per_5")["materialized_until"] is None
+    body = "".join(
+        json.dumps({"campaign": "z", "user_id": 1, "t": (START + timedelta(minutes=m)).isoformat()})
+        + "\n"
+        for m in [6.5] * 30
+    )
+    committing = Raising(lambda: strata.ingest(streams.names["ev"], body, run_id="late"), "run")
+    materializing = Raising(lambda: strictly(streams.materializer), "materializer")
+    with faults.hold("in_pg_write", "late") as held:
+        committing.start()
+        assert held.reached.wait(120), "the run's commit never reached its transaction's end"
+        materializing.start()
+        materializing.join(3)  # done by now if it does not wait for the commit
+    committing.join(120)
+    materializing.join(120)
+    committing.reraise()
+    materializing.reraise()
+    assert streams.state("top_per_5")["materialized_until"] == "2024-06-01T01:00:00+00:00"
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        assert streams.wrong(connection) == []
+    streams.settle()
 
 
 @pytest.mark.parametrize("seed", [3, 4])

@@ -17,8 +17,10 @@ rewriter/build_serial.py), so what the workers do never changes a view's result:
 Locks keep the three consistent: the materializer holds the stream's ``serial_progress``
 row FOR UPDATE before it reads the source; a commit reads the row FOR SHARE, so it either
 commits before the materializer reads (its rows are in the window) or sees the new bound
-(and records a correction). The repairer locks the correction rows it repairs; a commit
-adding to one of them waits, and records it again after the repair.
+(and records a correction). The materializer inserts the row the first time, and then
+waits for the commits in flight into the raw sources (they found no row to lock). The
+repairer locks the correction rows it repairs; a commit adding to one of them waits, and
+records it again after the repair.
 """
 
 from __future__ import annotations
@@ -224,9 +226,17 @@ class Materializer(_SerialWorker):
         with self.engine.begin() as connection:
             if not self.plans.hold(connection, plan):
                 return 0
-            connection.execute(
-                postgresql.insert(progress).values(stream=plan.name).on_conflict_do_nothing()
-            )
+            first = connection.execute(
+                postgresql.insert(progress)
+                .values(stream=plan.name)
+                .on_conflict_do_nothing()
+                .returning(progress.c.stream)
+            ).first()
+            if first is not None:
+                # A commit in flight found no row to lock, so it neither waits for this
+                # transaction nor notes corrections: wait for those commits to be in. Later
+                # ones find the row, and wait for it.
+                catalog.lock_raw_archives(connection, plan.raw_sources)
             until = connection.execute(
                 sa.select(progress.c.materialized_until)
                 .where(progress.c.stream == plan.name)
