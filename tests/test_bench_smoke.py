@@ -17,9 +17,24 @@ from bench.harness.results import Result
 ROOT = Path(__file__).resolve().parent.parent
 # Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
 # bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming
-# (bench/peer_sss.py), the sustained ingest (bench/sustained.py, minutes of a server) and the
-# change feed's subscribers (bench/feed.py; tests/test_feed*.py prove the feed in CI).
-REST = ("ha", "scaleout", "pgwire", "peer_sss", "sustained", "feed")
+# (bench/peer_sss.py), the sustained ingest (bench/sustained.py, minutes of a server), the
+# change feed's subscribers (bench/feed.py; tests/test_feed*.py prove the feed in CI), and,
+# to keep CI within its time, the workloads whose paths CI's tests already prove: Nexmark
+# (tests/test_nexmark.py), HiBench, the soak, ALTER, COPY formats and serial streams.
+REST = (
+    "ha",
+    "scaleout",
+    "pgwire",
+    "peer_sss",
+    "sustained",
+    "feed",
+    "nexmark",
+    "hibench",
+    "soak",
+    "alter",
+    "copy_format",
+    "serial",
+)
 # The documentation page whose table `make bench` rewrites (the README links to it).
 README = ROOT / "docs" / "benchmarks.md"
 
