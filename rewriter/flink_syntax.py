@@ -2,7 +2,11 @@
 queries as their project writes them, and SQL copied from Flink's documentation):
 
 * ``TABLE(TUMBLE(TABLE s, DESCRIPTOR(t), INTERVAL ...))`` (and HOP, CUMULATE, SESSION: the
-  windowing table-valued functions) is ``TUMBLE(s, t, INTERVAL ...)``;
+  windowing table-valued functions) is ``TUMBLE(s, t, INTERVAL ...)``; a session's
+  ``PARTITION BY k`` (``TABLE s PARTITION BY k``) goes, since Strata forms sessions per
+  GROUP BY keys: the statement must group by exactly ``k``, and by no key without it (a
+  session over every row); ``read`` says where each was, for rewriter.parse_stream to
+  check;
 * ``INTERVAL '10' SECOND`` (the SQL standard's interval, which PostgreSQL also takes) is
   ``INTERVAL '10 SECOND'``;
 * ``DATE_FORMAT(t, 'yyyy-MM-dd')`` (Java's pattern letters) is
@@ -74,12 +78,33 @@ def _tokens(text: str) -> list[_Token]:
     return found
 
 
+@dataclass(frozen=True)
+class SessionPartition:
+    """A Flink session window's ``PARTITION BY`` keys (none: one session over every row),
+    and the offset of its SESSION."""
+
+    keys: tuple[str, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class Normalized:
+    text: str
+    partitions: tuple[SessionPartition, ...] = ()
+
+
 def normalize(sql: str) -> str:
     """``sql`` with Flink's spellings written as Strata's, every offset kept."""
+    return read(sql).text
+
+
+def read(sql: str) -> Normalized:
+    """``normalize``, with the PARTITION BY keys of the session windows it removed."""
     if "`" not in sql and "DESCRIPTOR" not in sql.upper() and not _has_unit_interval(sql):
-        return sql
+        return Normalized(sql)
     text = list(sql)
     tokens = _tokens(sql)
+    partitions: list[SessionPartition] = []
 
     def blank(token: _Token) -> None:
         text[token.start : token.end] = " " * (token.end - token.start)
@@ -126,6 +151,22 @@ def normalize(sql: str) -> str:
             blank(tokens[outer_close])
             if word(k + 4, "TABLE"):
                 blank(tokens[k + 4])
+            if word(k + 2, "SESSION") and word(k + 6, "PARTITION") and word(k + 7, "BY"):
+                # SESSION(TABLE s PARTITION BY k1, k2, DESCRIPTOR(t), ...): the keys run
+                # to the comma before DESCRIPTOR (or are one parenthesized list).
+                last = next(
+                    (d for d in range(k + 8, inner_close) if word(d, "DESCRIPTOR")), inner_close
+                )
+                keys = [
+                    _name(sql, tokens[d])
+                    for d in range(k + 8, last)
+                    if tokens[d].kind in ("word", "quoted", "backtick")
+                ]
+                for d in range(k + 6, last - 1):  # up to the comma before DESCRIPTOR
+                    blank(tokens[d])
+                partitions.append(SessionPartition(tuple(keys), tokens[k + 2].start))
+            elif word(k + 2, "SESSION"):  # no PARTITION BY: one session over every row
+                partitions.append(SessionPartition((), tokens[k + 2].start))
             for d in range(k + 4, inner_close):
                 if word(d, "DESCRIPTOR") and punct(d + 1, "("):
                     end = closing(d + 1)
@@ -147,7 +188,16 @@ def normalize(sql: str) -> str:
             written = f"'{quantity} {sql[unit.start : unit.end]}'"
             span = unit.end - literal.start
             text[literal.start : unit.end] = written.ljust(span)
-    return "".join(text)
+    return Normalized("".join(text), tuple(partitions))
+
+
+def _name(sql: str, token: _Token) -> str:
+    """The column a name token names (unquoted names in lower case, as PostgreSQL's)."""
+    written = sql[token.start : token.end]
+    if token.kind == "word":
+        return written.lower()
+    inner = written[1:-1]
+    return inner.lower() if token.kind == "backtick" else inner.replace('""', '"')
 
 
 def _unit(sql: str, token: _Token) -> bool:

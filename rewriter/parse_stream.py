@@ -13,8 +13,8 @@ from sqlglot.tokens import Token, TokenType
 
 from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, UnsupportedSQL
-from rewriter.flink_syntax import desugar_functions
-from rewriter.flink_syntax import normalize as normalize_flink
+from rewriter.flink_syntax import SessionPartition, desugar_functions
+from rewriter.flink_syntax import read as read_flink
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.resolve_window import parse_interval
@@ -55,9 +55,11 @@ def parse_stream(sql: str) -> StreamStatement:
     for the standard form (rewriter.desugar). Positions in the returned trees, and in the
     errors raised, are positions in ``sql`` (rewriter.positions).
     """
-    sql = normalize_flink(sql)  # Flink's spellings, every offset kept
+    flink = read_flink(sql)  # Flink's spellings, every offset kept
+    sql = flink.text
     tokens = _tokenize(sql)
     _check_interval_literals(sql, tokens)
+    _refuse_foreign_clauses(sql, tokens)
     body = [t for t in tokens if t.token_type != TokenType.SEMICOLON]
     semicolons = [t for t in tokens if t.token_type == TokenType.SEMICOLON]
     if not body:
@@ -104,8 +106,84 @@ def parse_stream(sql: str) -> StreamStatement:
                 f"CREATE STREAM does not support {shown}", position=_place(sql, at)
             )
     if statement.expression is not None:
+        _check_session_partitions(statement.expression, flink.partitions, sql)
         return _derived(statement, windows)
     return _raw(statement)
+
+
+def _refuse_foreign_clauses(sql: str, tokens: list[Token]) -> None:
+    """Refuse by name, before the parser (which would only say it did not expect them), the
+    clauses of other engines' SQL that Strata has no counterpart for, with what to write."""
+    words = [t for t in tokens if t.token_type not in (TokenType.STRING, TokenType.IDENTIFIER)]
+    for token, following in zip(words, [*words[1:], None], strict=True):
+        word = token.text.upper()
+        if word == "MATCH_RECOGNIZE":
+            raise UnsupportedSQL(
+                "MATCH_RECOGNIZE (row pattern matching) is not supported; for bursts of a "
+                "key's rows separated by a quiet gap, group by SESSION(stream, t, INTERVAL "
+                "'gap') windows; for a row followed by another of the same key within a "
+                "time, join the stream with itself on the key and an interval of time",
+                position=_place(sql, token),
+            )
+        if word == "EMIT" and following is not None:
+            if following.text.upper() not in ("CHANGES", "FINAL", "ON", "AFTER"):
+                continue
+            clause = sql[token.start : words[-1].end + 1].split(";")[0].strip()
+            raise UnsupportedSQL(
+                f"{clause} is not needed: a "
+                "stream's view has every window from its first row on and is revised when "
+                "late rows come. To be told of each change, follow the stream's change feed "
+                "(GET /streams/<name>/changes, or SUBSCRIBE over the SQL port); to read only "
+                "windows whose rows are all in, join the view with strata_window_status on "
+                "window_end WHERE complete",
+                position=_place(sql, token),
+            )
+
+
+def _check_session_partitions(
+    query: exp.Expr, partitions: tuple[SessionPartition, ...], sql: str
+) -> None:
+    """A Flink session window's PARTITION BY keys must be what the query groups by: Strata
+    forms sessions per GROUP BY keys (rewriter.flink_syntax removed the clause)."""
+    for partition in partitions:
+        where = line_and_column(sql, partition.offset)
+        for select in query.find_all(exp.Select):
+            call = next(
+                (
+                    c
+                    for c in select.args["from_"].find_all(exp.Anonymous)
+                    if c.name.upper() == SESSION_CALL and position_of(c) == where
+                )
+                if select.args.get("from_") is not None
+                else iter(()),
+                None,
+            )
+            if call is None:
+                continue
+            group = select.args.get("group")
+            grouped = {
+                e.name
+                for e in (group.expressions if group is not None else [])
+                if isinstance(e, exp.Column) and e.name not in ("window_start", "window_end")
+            }
+            if grouped == set(partition.keys):
+                continue
+            if not partition.keys:
+                raise UnsupportedSQL(
+                    "TABLE(SESSION(TABLE s, ...)) without PARTITION BY forms sessions over "
+                    f"all rows, and this query groups them by {', '.join(sorted(grouped))}, "
+                    "which Strata cannot do: it forms a session per GROUP BY keys. For "
+                    f"sessions per key, write SESSION(TABLE s PARTITION BY "
+                    f"{', '.join(sorted(grouped))}, ...)",
+                    position=where,
+                )
+            raise UnsupportedSQL(
+                f"SESSION(... PARTITION BY {', '.join(partition.keys)}) with GROUP BY "
+                f"{', '.join(sorted(grouped)) or 'no keys'}: Strata forms a session per "
+                "GROUP BY keys, so group by exactly the PARTITION BY keys (with "
+                "window_start, window_end)",
+                position=where,
+            )
 
 
 # sqlglot reads SESSION as a keyword: a SESSION(...) window is parsed as a call of this

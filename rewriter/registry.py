@@ -382,6 +382,12 @@ _NODE_TO_NAME: dict[type[exp.Expr], str] = {
 }
 # Aggregates sqlglot reads as plain (anonymous) function calls.
 _ANONYMOUS_AGGREGATES = {"every", "approx_percentile"}
+# Aggregates of the same kind Strata refuses: known as aggregates all the same, so that the
+# refusal names them (and not a column missing from GROUP BY).
+_REFUSED_ANONYMOUS = {"listagg"}
+# Aggregates that put values in a row order (string_agg, array_agg, LISTAGG), which runs
+# arriving late change: refused with what to write instead.
+_ORDERED_COLLECTIONS = (exp.GroupConcat, exp.ArrayAgg)
 
 
 def is_aggregate(node: exp.Expr) -> bool:
@@ -389,7 +395,7 @@ def is_aggregate(node: exp.Expr) -> bool:
     if isinstance(node, exp.Filter | exp.WithinGroup):
         return True
     if isinstance(node, exp.Anonymous):
-        return node.name.lower() in _ANONYMOUS_AGGREGATES
+        return node.name.lower() in _ANONYMOUS_AGGREGATES | _REFUSED_ANONYMOUS
     return isinstance(node, exp.AggFunc)
 
 
@@ -397,7 +403,17 @@ def contains_aggregate(node: exp.Expr) -> bool:
     return any(is_aggregate(n) for n in node.walk())
 
 
-def _unsupported(shown: str) -> UnsupportedSQL:
+def _unsupported(shown: str, node: exp.Expr) -> UnsupportedSQL:
+    if isinstance(node, _ORDERED_COLLECTIONS) or (
+        isinstance(node, exp.Anonymous) and node.name.lower() in _REFUSED_ANONYMOUS
+    ):
+        return UnsupportedSQL(
+            f"aggregate {shown!r} is not supported: it lists values in the order rows come, "
+            "and late runs change that order; make a stream of the rows instead (CREATE "
+            "STREAM s AS SELECT key, value, t FROM source: a view of every row received) "
+            "and aggregate them when you read it (SELECT key, string_agg(value, ',' ORDER BY "
+            "t) FROM s GROUP BY key)"
+        )
     return UnsupportedSQL(
         f"aggregate {shown!r} is not supported; supported aggregates: {SUPPORTED_AGGREGATES}"
     )
@@ -425,7 +441,7 @@ def parse_aggregate(node: exp.Expr) -> AggregateCall:
         arguments += [v for k, v in node.args.items() if k != "this" and isinstance(v, exp.Expr)]
         arguments += node.expressions
     if name is None:
-        raise _unsupported(shown)
+        raise _unsupported(shown, node)
     if arguments and isinstance(arguments[0], exp.Distinct):
         distinct = arguments[0]
         if name != "count":

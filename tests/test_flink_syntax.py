@@ -152,3 +152,71 @@ def test_the_nexmark_texts_that_run_as_written() -> None:
     assert {q for q, problem in report.items() if problem is None} >= AS_WRITTEN
     for query, fragment in REFUSED.items():
         assert fragment in (report[query] or ""), (query, report[query])
+
+
+def test_a_session_per_partition_key_is_a_session_per_group_key() -> None:
+    """Flink's SESSION(TABLE s PARTITION BY k, ...) grouped by k plans as Strata's
+    SESSION(s, ...) grouped by k: the same view, so the session proofs hold for it."""
+    streams = {"bid": rewrite(BID, {})}
+    select = "SELECT auction, count(*) AS n, window_start, window_end FROM "
+    flink = rewrite(
+        f"CREATE STREAM s AS {select}TABLE(SESSION(TABLE bid PARTITION BY auction, "
+        "DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end",
+        streams,
+    )
+    strata = rewrite(
+        f"CREATE STREAM s AS {select}SESSION(bid, datetime, INTERVAL '10 seconds') "
+        "GROUP BY auction, window_start, window_end",
+        streams,
+    )
+    assert flink.create_statements == strata.create_statements  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "query,fragment",
+    [
+        (
+            "SELECT auction, count(*) AS n, window_end FROM TABLE(SESSION(TABLE bid PARTITION "
+            "BY price, DESCRIPTOR(datetime), INTERVAL '10' SECOND)) GROUP BY auction, "
+            "window_start, window_end",
+            "group by exactly the PARTITION BY keys",
+        ),
+        (
+            "SELECT auction, count(*) AS n, window_end FROM TABLE(SESSION(TABLE bid, "
+            "DESCRIPTOR(datetime), INTERVAL '10' SECOND)) GROUP BY auction, window_start, "
+            "window_end",
+            "write SESSION(TABLE s PARTITION BY auction, ...)",
+        ),
+        (
+            "SELECT auction, count(*) AS n, window_end FROM TUMBLE(bid, datetime, INTERVAL "
+            "'10' SECOND) GROUP BY auction, window_end EMIT ON WINDOW CLOSE",
+            "EMIT ON WINDOW CLOSE is not needed",
+        ),
+        (
+            "SELECT auction, count(*) AS n, window_end FROM TUMBLE(bid, datetime, INTERVAL "
+            "'10' SECOND) GROUP BY auction, window_end EMIT CHANGES",
+            "follow the stream's change feed",
+        ),
+        (
+            "SELECT * FROM bid MATCH_RECOGNIZE (PARTITION BY auction ORDER BY datetime "
+            "MEASURES A.price AS p PATTERN (A B) DEFINE A AS A.price > 10)",
+            "MATCH_RECOGNIZE (row pattern matching) is not supported",
+        ),
+        (
+            "SELECT auction, LISTAGG(CAST(price AS text)) AS prices, window_end FROM "
+            "TUMBLE(bid, datetime, INTERVAL '10' SECOND) GROUP BY auction, window_end",
+            "make a stream of the rows instead",
+        ),
+        (
+            "SELECT auction, string_agg(CAST(price AS text), ',') AS prices, window_end FROM "
+            "TUMBLE(bid, datetime, INTERVAL '10' SECOND) GROUP BY auction, window_end",
+            "late runs change that order",
+        ),
+    ],
+)
+def test_other_engines_clauses_are_refused_by_name(query: str, fragment: str) -> None:
+    streams = {"bid": rewrite(BID, {})}
+    with pytest.raises(StrataError) as refused:
+        rewrite(f"CREATE STREAM s AS {query}", streams)
+    assert fragment in str(refused.value)
+    assert refused.value.position is not None  # type: ignore[attr-defined]
