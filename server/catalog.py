@@ -120,6 +120,9 @@ runs = sa.Table(
     sa.Column("commit_pos", sa.BigInteger),
     sa.Column("origin", sa.BigInteger),
     sa.Column("digest", sa.Text),
+    # Migration 0019: the server that finishes a pending run, when several share the
+    # database (server/sharing/); NULL on a server alone.
+    sa.Column("owner", sa.Text),
 )
 
 stream_progress = sa.Table(
@@ -712,10 +715,12 @@ def claim_run(
     spool_path: str,
     origin: int | None = None,
     digest: str | None = None,
+    owner: str | None = None,
 ) -> RunRecord | None:
     """Record a pending run; None if the run id is taken (the first one wins). ``origin``
     and ``digest``: in a cluster, the DDL position of the stream's CREATE and the hash of
-    the run's rows (server/replication/digest.py)."""
+    the run's rows (server/replication/digest.py); ``owner``: with servers sharing the
+    database, the one that finishes the run (server/sharing/)."""
     statement = (
         sa.dialects.postgresql.insert(runs)
         .values(
@@ -727,6 +732,7 @@ def claim_run(
             spool_path=spool_path,
             origin=origin,
             digest=digest,
+            owner=owner,
         )
         .on_conflict_do_nothing(index_elements=["run_id"])
         .returning(*runs.c)

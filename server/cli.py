@@ -59,7 +59,7 @@ def up(args: argparse.Namespace) -> int:
     except SecretSettingError as exc:
         print(f"strata: {exc}", file=sys.stderr)
         return 2
-    problem = settings.cluster_problem()
+    problem = settings.cluster_problem() or settings.sharing_problem()
     if problem is not None:
         print(f"strata: {problem}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ external), migrations and Spark around it. `strata up` and the tests wire throug
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -33,6 +34,8 @@ from server.replication.puller import DdlFollower, Puller, Settler
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
+from server.sharing.membership import Membership, new_server_id
+from server.sharing.runs import SharedRuns
 from server.shutdown import SPARK_SHARE, WORK_SHARE, Shutdown
 from server.sinks.worker import SinkWorker
 from server.workers.backfill import Backfiller
@@ -60,6 +63,8 @@ class Runtime:
     workers: dict[str, Worker] = field(default_factory=dict)  # by name, as in Settings.workers
     # In a cluster: the threads that pull peers' runs and follow the owner's DDL.
     replication: list[Background] = field(default_factory=list)
+    # With servers sharing the database: this one's heartbeat, leases and claims.
+    membership: Membership | None = None
 
     def info(self) -> dict[str, object]:
         return {
@@ -72,6 +77,9 @@ class Runtime:
             "data_dir": str(self.settings.data_dir.resolve()),
             "http": f"http://{self.settings.host}:{self.settings.port}",
             "embedded_postgres": self.settings.database_url is None,
+            # With servers sharing the database, this one's id among them (GET /info adds
+            # the servers and the leases' holders).
+            "server_id": self.membership.server_id if self.membership else None,
         }
 
     @property
@@ -81,12 +89,19 @@ class Runtime:
 
     def start(self) -> None:
         """Resume pending runs, start the ingest pipeline and the workers, open the SQL
-        port, and warm Spark up while no run waits."""
-        self.service.pipeline.start()
+        port, and warm Spark up while no run waits. With servers sharing the database,
+        this one first announces itself and claims the runs of servers no longer alive:
+        those are the pending runs it resumes, and its workers run under leases."""
+        membership = self.membership
+        if membership is None:
+            self.service.pipeline.start()
+        else:
+            self.service.pipeline.start(resume=membership.join())
+            membership.start()
         if self.service.cluster is not None:
             self.service.cluster.seed_ddl_log()
-        for worker in self.workers.values():
-            worker.start()
+        for name, worker in self.workers.items():
+            worker.start(None if membership is None else functools.partial(membership.holds, name))
         for thread in self.replication:
             thread.start()
         self.sql_port.start()
@@ -120,6 +135,8 @@ class Runtime:
         for thread in self.background:
             thread.stop(0.0)
         pipeline.stop(end)
+        if self.membership is not None:  # last: the leases cover the steps in flight
+            self.membership.leave()
 
 
 def assemble(
@@ -132,6 +149,7 @@ def assemble(
     metrics = Metrics(engine, plans)
     metrics.registry.register(ExecutorCollector(backend.executors))
     spool = Spool(settings.spool_dir)
+    shared = SharedRuns(engine, new_server_id(), spool) if settings.shared_database else None
     reducer = Reducer(
         engine,
         plans,
@@ -160,8 +178,9 @@ def assemble(
         batch_linger=settings.batch_linger,
         feed_retention=settings.feed_retention,
         late_committed=late_committed,
+        shared=shared,
     )
-    service = StrataService(engine, plans, spool, pipeline, metrics)
+    service = StrataService(engine, plans, spool, pipeline, metrics, shared)
     every: list[Worker] = [
         Backfiller(
             engine,
@@ -206,8 +225,33 @@ def assemble(
         replication = [Puller(node, peer, settings.replicate_interval) for peer in node.peers]
         replication.append(DdlFollower(node, settings.replicate_interval))
         replication.append(Settler(node, settings.replicate_interval))
+    membership = None
+    if shared is not None:
+
+        def resume(seqs: list[int]) -> None:
+            for seq in seqs:
+                pipeline.submit(seq)
+
+        membership = Membership(
+            engine,
+            shared,
+            http=f"http://{settings.host}:{settings.port}",
+            jobs=workers,
+            lease_duration=settings.lease_duration,
+            resume=resume,
+            taken=lambda job: workers[job].wake(),
+        )
     return Runtime(
-        settings, database_url, engine, backend, service, sql_port, warmup, workers, replication
+        settings,
+        database_url,
+        engine,
+        backend,
+        service,
+        sql_port,
+        warmup,
+        workers,
+        replication,
+        membership,
     )
 
 

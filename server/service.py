@@ -48,6 +48,7 @@ from server.ingest.progress import stream_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.replication.digest import digest
+from server.sharing.runs import SharedRuns
 from server.sinks.ddl import guard_drop as guard_sinks
 from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
@@ -86,12 +87,16 @@ class StrataService:
         spool: Spool,
         pipeline: IngestPipeline,
         metrics: Metrics,
+        shared: SharedRuns | None = None,
     ) -> None:
         self.engine = engine
         self.plans = plans
         self.spool = spool
         self.pipeline = pipeline
         self.metrics = metrics
+        # With servers sharing the database: runs recorded with their body in PostgreSQL,
+        # owned by this server (server/sharing/runs.py).
+        self.shared = shared
         # In a cluster, the node that orders DDL and replicates runs (set by assemble).
         self.cluster: Node | None = None
 
@@ -416,7 +421,10 @@ class StrataService:
                     str(path),
                     origin,
                     None if self.cluster is None else digest(table),
+                    None if self.shared is None else self.shared.owner,
                 )
+                if claimed is not None and self.shared is not None:
+                    self.shared.store(connection, claimed.seq, path)
             self.metrics.stage_took("spool", time.perf_counter() - parsed)
             if claimed is None:  # a concurrent request with the same run id won
                 self.spool.remove(path)

@@ -204,6 +204,23 @@ class Settings(BaseSettings):
         description="Seconds a request to a peer may take (a peer silent for longer counts "
         "as unreachable for that request).",
     )
+    shared_database: bool = Field(
+        False,
+        description="Whether other Strata servers use the same PostgreSQL "
+        "(STRATA_DATABASE_URL), behind one load balancer: any of them takes DDL, runs and "
+        "reads; each keeps a run's body in PostgreSQL until it is committed, so that another "
+        "finishes the runs of a server that died; and each background job runs on one "
+        "server at a time, under a lease (STRATA_LEASE_DURATION). Each server keeps its own "
+        "data directory. False: this server is alone over its PostgreSQL.",
+    )
+    lease_duration: float = Field(
+        10.0,
+        gt=0,
+        description="With STRATA_SHARED_DATABASE: seconds a server's heartbeat, and each "
+        "background job's lease it holds, last unless renewed (every third of it). A server "
+        "that dies (kill -9, a lost machine) has its pending runs and jobs taken over by "
+        "another this long after its last heartbeat, plus up to a third of it.",
+    )
     # Secrets: SecretStr keeps them out of reprs, tracebacks and logs. Each may instead be
     # read from a file (the same name with _FILE), e.g. a Docker or Kubernetes secret.
     api_token: SecretStr | None = Field(
@@ -259,6 +276,24 @@ class Settings(BaseSettings):
             return (
                 "STRATA_PEERS is set but STRATA_DDL_OWNER is not: name the one node that "
                 "orders stream DDL, the same on every node (--ddl-owner)"
+            )
+        return None
+
+    def sharing_problem(self) -> str | None:
+        """What makes STRATA_SHARED_DATABASE unusable here, if anything: servers share a
+        PostgreSQL they all reach (not one's embedded one), and a cluster of nodes, each
+        with its own PostgreSQL, is another shape."""
+        if not self.shared_database:
+            return None
+        if not self.database_url:
+            return (
+                "STRATA_SHARED_DATABASE is set but STRATA_DATABASE_URL is not: servers share "
+                "an external PostgreSQL, never an embedded one"
+            )
+        if self.clustered:
+            return (
+                "STRATA_SHARED_DATABASE and STRATA_NODE/STRATA_PEERS are two shapes: servers "
+                "over one PostgreSQL, or nodes each with its own; pick one"
             )
         return None
 

@@ -61,6 +61,7 @@ from server.ingest.progress import record_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
 from server.settings import DEFAULTS
+from server.sharing.runs import SharedRuns
 from server.workers.serial import record_corrections
 
 log = logging.getLogger("strata.ingest")
@@ -133,6 +134,7 @@ class IngestPipeline:
         batch_linger: float = 0.0,
         feed_retention: float = DEFAULTS.feed_retention,
         late_committed: Callable[[], None] = lambda: None,
+        shared: SharedRuns | None = None,
     ) -> None:
         self.engine = engine
         self.plans = plans
@@ -143,6 +145,9 @@ class IngestPipeline:
         self.batch_linger = batch_linger
         self.feed_retention = feed_retention
         self.late_committed = late_committed
+        # With servers sharing the database: the runs' bodies in PostgreSQL, and which
+        # pending runs are this server's (server/sharing/runs.py).
+        self.shared = shared
         # Runs being received (see receiving()), and the condition their arrival signals.
         self._receiving = 0
         self._arrivals = threading.Condition()
@@ -213,17 +218,20 @@ class IngestPipeline:
         with self._done_lock:
             return self._done.setdefault(seq, threading.Event())
 
-    def start(self) -> None:
-        """Resume the runs accepted before a stop or crash, then start both stages."""
+    def start(self, resume: list[int] | None = None) -> None:
+        """Resume the runs accepted before a stop or crash (``resume``, when servers share
+        the database: those this server claimed; None: every pending run), then start both
+        stages."""
         with self.engine.connect() as connection:
             pending = catalog.pending_runs(connection)
         removed = self.spool.sweep({r.spool_path for r in pending if r.spool_path})
         if removed:
             log.info("removed %d spool files of runs never acknowledged", removed)
-        for record in pending:
-            self.submit(record.seq)
-        if pending:
-            log.info("resuming %d pending runs", len(pending))
+        seqs = [r.seq for r in pending] if resume is None else resume
+        for seq in seqs:
+            self.submit(seq)
+        if seqs:
+            log.info("resuming %d pending runs", len(seqs))
         self._threads = [
             threading.Thread(target=self._compute_loop, name="strata-compute", daemon=True),
             threading.Thread(target=self._commit_loop, name="strata-commit", daemon=True),
@@ -339,6 +347,8 @@ class IngestPipeline:
                 self._compute_batch(stream, batch)
 
     def _compute_batch(self, stream: str, runs: list[RunRecord]) -> None:
+        if self.shared is not None:  # a run claimed from another server: its body here
+            runs = [self.shared.local(r) for r in runs]
         lost = [r for r in runs if not (r.spool_path and Path(r.spool_path).exists())]
         for run in lost:
             self._reject(run, "the run's spool file is missing; post the run again")
@@ -399,6 +409,8 @@ class IngestPipeline:
         log.warning("run %s rejected: %s", run.run_id, error)
         with self.engine.begin() as connection:
             catalog.reject_run(connection, run.seq, error)
+            if self.shared is not None:
+                self.shared.forget(connection, [run.seq])
         self.metrics.run_rejected(run.stream, run.seq)
         if run.spool_path:
             self.spool.remove(run.spool_path)
@@ -530,6 +542,8 @@ class IngestPipeline:
             )
             if committed != {r.seq for r in runs}:
                 raise _Retry([r for r in runs if r.seq in committed])
+            if self.shared is not None:
+                self.shared.forget(connection, committed)
             joins = [p for p in dependents if isinstance(p, JoinStreamPlan)]
             if joins and not lock_versions(connection, joins, stream, batch.probes.versions):
                 raise _Retry(runs)  # a source of a join committed since the probe

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,14 +24,27 @@ class Spool:
         directory.mkdir(parents=True, exist_ok=True)
 
     def write(self, seq: int, table: pa.Table) -> Path:
+        # No compression: the file lives for seconds, and writing it is on the ack path.
+        return self._place(seq, lambda partial: pq.write_table(table, partial, compression="none"))
+
+    def restore(self, seq: int, body: bytes) -> Path:
+        """Write a run's spool file from its Parquet bytes (kept in PostgreSQL when servers
+        share the database: server/sharing/runs.py)."""
+        return self._place(seq, lambda partial: partial.write_bytes(body))
+
+    def _place(self, seq: int, write: Callable[[Path], object]) -> Path:
         final = self.directory / f"run-{seq}.parquet"
         partial = self.directory / f".run-{seq}-{uuid.uuid4().hex}.tmp"
-        # No compression: the file lives for seconds, and writing it is on the ack path.
-        pq.write_table(table, partial, compression="none")
+        write(partial)
         _fsync_path(partial)
         os.replace(partial, final)
         _fsync_path(self.directory)
         return final
+
+    def holds(self, path: str | Path) -> bool:
+        """Whether ``path`` is a file of this spool (not another server's)."""
+        path = Path(path)
+        return path.parent.resolve() == self.directory.resolve() and path.exists()
 
     def read(self, path: str | Path) -> pa.Table:
         return pq.read_table(path)
@@ -51,7 +65,10 @@ class Spool:
         return total
 
     def sweep(self, keep: set[str]) -> int:
-        """Delete spool files no pending run refers to (left by a crash before the claim)."""
+        """Delete spool files no pending run refers to (left by a crash before the claim).
+        Only at start, before this server takes runs: no other process writes here (servers
+        sharing a database each have their own data directory, and keep the bodies of
+        their runs in PostgreSQL besides)."""
         removed = 0
         for path in self.directory.iterdir():
             if str(path) not in keep:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -105,11 +106,11 @@ class Backfiller(Worker):
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, ParallelAggregatePlan)
 
-    def start(self) -> None:
+    def start(self, lease: Callable[[], bool] | None = None) -> None:
         if self.scratch is not None and self.scratch.exists():
             for leftover in self.scratch.glob("backfill-*.parquet"):  # from a crash
                 leftover.unlink(missing_ok=True)
-        super().start()
+        super().start(lease)
 
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)

@@ -10,6 +10,10 @@ work in its own transaction and returns how much it did (it is called again whil
 keeps doing ``batch`` worth). One failing stream is logged and skipped; the loop goes on.
 A crash at any point leaves either the whole transaction or nothing, so workers simply
 resume. When a pass runs changes no result: every step is exact whenever it runs.
+
+With servers sharing one database, a worker started with a lease (``start(lease)``, from
+server/sharing/membership.py) runs a pass, and each step of it, only while ``lease()``
+says this server holds its job's lease: each job runs on one server at a time.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -81,7 +86,17 @@ class Worker(Background):
         # Set by wake() (and by a stop): the loop's wait ends at once. A wake during a pass
         # stays set, so another pass follows: what woke it may have come after the pass read.
         self._woken = threading.Event()
+        self._lease: Callable[[], bool] | None = None  # set by start(); None: always
         super().__init__()
+
+    def start(self, lease: Callable[[], bool] | None = None) -> None:
+        """Start the loop; with ``lease``, passes and steps run only while it says so."""
+        self._lease = lease
+        super().start()
+
+    def _holding(self) -> bool:
+        """Whether this server may run this job's steps now (its lease, if it has one)."""
+        return self._lease is None or self._lease()
 
     def wake(self) -> None:
         """Start the next pass now rather than at the end of the interval."""
@@ -105,6 +120,8 @@ class Worker(Background):
             records = self.plans.load(connection)
         done: dict[str, int] = {}
         for record in records.values():
+            if not self._holding():
+                break
             if not self.applies_to(record.plan):
                 continue
             try:
@@ -123,7 +140,7 @@ class Worker(Background):
 
     def _drain(self, plan: StreamPlan) -> int:
         total = 0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and self._holding():
             handled = self.step(plan)
             total += handled
             if handled < self.batch:
@@ -144,6 +161,8 @@ class Worker(Background):
             self._woken.clear()
             if self._stopping.is_set():
                 return
+            if not self._holding():  # another server runs this job
+                continue
             try:
                 self.run_once()
             except sa.exc.OperationalError as error:  # the next round tries again

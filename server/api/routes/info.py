@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from server.api.deps import InfoDep, ServiceDep
+from server.sharing.membership import status
 
 router = APIRouter(tags=["server"])
 
@@ -14,4 +15,7 @@ router = APIRouter(tags=["server"])
 async def info(details: InfoDep, service: ServiceDep) -> dict[str, object]:
     # The executors change while Strata runs: workers join and leave a Spark cluster.
     executors = await run_in_threadpool(service.pipeline.backend.executors)
-    return details | {"spark_executors": executors}
+    found = details | {"spark_executors": executors}
+    if service.shared is not None:  # the servers sharing the database, and who runs what
+        found |= await run_in_threadpool(status, service.engine)
+    return found
