@@ -211,3 +211,29 @@ def test_the_ha_profile_is_a_cluster_of_three_nodes_that_name_each_other(
     assert (
         len({urlsplit(f"http://x:{s['ports'][0].split(':')[0]}").port for s in nodes.values()}) == 3
     )
+
+
+def test_the_servers_profile_is_a_second_server_over_the_same_postgresql(
+    services: dict[str, Any],
+) -> None:
+    """docker compose --profile servers: strata-2 beside strata, both over the postgres
+    service, both sharing it (STRATA_SHARED_DATABASE), each with its own data volume."""
+    first, second = services["strata"], services["strata-2"]
+    assert second["profiles"] == ["servers"]
+    assert environment(second)["STRATA_DATABASE_URL"] == environment(first)["STRATA_DATABASE_URL"]
+    for spec in (first, second):
+        assert (
+            Settings(
+                **{  # type: ignore[arg-type]
+                    k.removeprefix("STRATA_").lower(): v for k, v in environment(spec).items()
+                }
+            ).sharing_problem()
+            is None
+        )
+        assert environment(spec)["STRATA_SHARED_DATABASE"] == "true"
+    assert second["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert {str(v).split(":")[0] for v in first["volumes"]}.isdisjoint(
+        str(v).split(":")[0] for v in second["volumes"]
+    )
+    published = {str(p).split(":")[0] for s in services.values() for p in s.get("ports", [])}
+    assert len(published) == sum(len(s.get("ports", [])) for s in services.values())
