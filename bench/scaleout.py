@@ -29,6 +29,14 @@ Spark driver JVM never meets another benchmark's):
 
 The figure: rows/s of the stage on 2 workers against 1 worker (ratio = scale-out).
 Prints a table and one JSON line.
+
+With ``--takeover`` (``--takeover-only``: nothing else), a second figure, of several
+servers over one PostgreSQL (STRATA_SHARED_DATABASE): two `strata up` share a scratch
+PostgreSQL; the first, which holds every background job's lease, is killed with kill -9
+right after it acknowledged a run of ``--takeover-rows`` rows (still pending: its Spark
+job takes longer); the figure is the seconds from the kill until the second holds every
+lease and has claimed the dead server's pending runs, against the lease duration
+(``--lease``). The run's commit by the second server is timed too (context).
 """
 
 from __future__ import annotations
@@ -46,7 +54,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+import httpx
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -222,9 +232,111 @@ def _wait_for_executors(spark: object, executors: int, timeout: float = 180) -> 
 def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result], dict[str, object]]:
     work = Path(tempfile.mkdtemp(prefix="strata-scaleout-"))
     try:
-        return _run(args, work)
+        code, results, summary = (0, [], {}) if args.takeover_only else _run(args, work)
+        if args.takeover or args.takeover_only:
+            took = measure_takeover(work / "takeover", args.lease, args.takeover_rows)
+            results.append(took)
+            summary["takeover"] = took.context
+        return code, results, summary
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_takeover(work: Path, lease: float, rows: int) -> Result:
+    """Two servers over one PostgreSQL; kill -9 of the first, holding every lease and a
+    pending run; seconds until the second has taken its leases and runs."""
+    from bench.harness.database import scratch_database
+    from bench.harness.server import Server, start_server, stop_server
+
+    env = {
+        "STRATA_SHARED_DATABASE": "true",
+        "STRATA_LEASE_DURATION": str(lease),
+        "STRATA_SPARK_WARMUP": "0",
+    }
+    started: list[Server] = []
+    with scratch_database("strata-takeover-") as database:
+        try:
+            for name in ("first", "second"):
+                (work / name).mkdir(parents=True)
+                server = start_server(work / name, env | {"STRATA_DATABASE_URL": database.url})
+                started.append(server)
+            first, second = started
+            ids = [httpx.get(f"{s.url}/info", timeout=10).json()["server_id"] for s in started]
+            httpx.post(f"{first.url}/streams", json={"sql": RAW_SQL}, timeout=60).raise_for_status()
+            body = "campaign,user_id,price,t\n" + "".join(
+                f"c{i % 100},{i},1.5,2024-01-01T00:{i % 60:02d}:00Z\n" for i in range(rows)
+            )
+            answer = httpx.post(
+                f"{first.url}/streams/{RAW}/runs?run_id=doomed",
+                content=body,
+                headers={"content-type": "text/csv"},
+                timeout=120,
+            )
+            answer.raise_for_status()
+            killed = time.monotonic()
+            for process in psutil.Process(first.process.pid).children(recursive=True):
+                process.kill()  # its Spark JVM too, as a dead machine would
+            first.process.kill()
+            first.process.wait()
+            pending, leases = _shared_state(database.url, ids[0])
+            if "doomed" not in pending or set(leases.values()) != {ids[0]}:
+                raise BenchError(f"the first server held {pending} and {leases} when killed")
+            while _shared_state(database.url, ids[0]) != ([], dict.fromkeys(leases, ids[1])):
+                if time.monotonic() - killed > 60:
+                    raise BenchError("the second server did not take over within 60 s")
+                time.sleep(0.05)
+            took = time.monotonic() - killed
+            while httpx.get(f"{second.url}/runs/doomed", timeout=10).json()["status"] != (
+                "committed"
+            ):
+                if time.monotonic() - killed > 120:
+                    raise BenchError("the dead server's run was not committed within 120 s")
+                time.sleep(0.05)
+            committed = time.monotonic() - killed
+        finally:
+            for server in started:
+                stop_server(server)
+    print(
+        f"takeover of a dead server's runs and leases: {took:.2f}s (lease {lease:g}s); "
+        f"its run committed {committed:.2f}s after the kill",
+        flush=True,
+    )
+    return Result(
+        figure="takeover of a dead server's pending runs and leases (2 servers over one "
+        "PostgreSQL, kill -9)",
+        value=took,
+        baseline=lease,
+        baseline_name="the lease duration (STRATA_LEASE_DURATION)",
+        unit="s",
+        better="lower",
+        notes=f"a run of {rows:,} rows acknowledged and pending at the kill",
+        context={
+            "takeover_s": round(took, 2),
+            "run_committed_s": round(committed, 2),
+            "lease_s": lease,
+            "jobs": len(leases),
+        },
+    )
+
+
+def _shared_state(url: str, server_id: str) -> tuple[list[str], dict[str, str | None]]:
+    """The run ids of pending runs ``server_id`` owns, and each lease's holder."""
+    import psycopg
+    from psycopg import sql
+
+    from rewriter.naming import CATALOG_SCHEMA
+
+    with psycopg.connect(url) as connection:
+        pending = connection.execute(
+            sql.SQL("SELECT run_id FROM {} WHERE status = 'pending' AND owner = %s").format(
+                sql.Identifier(CATALOG_SCHEMA, "runs")
+            ),
+            (server_id,),
+        ).fetchall()
+        leases = connection.execute(
+            sql.SQL("SELECT job, holder FROM {}").format(sql.Identifier(CATALOG_SCHEMA, "leases"))
+        ).fetchall()
+    return sorted(r for (r,) in pending), dict(leases)
 
 
 def _run(args: argparse.Namespace, work: Path) -> tuple[int, list[Result], dict[str, object]]:
@@ -312,7 +424,7 @@ SCALES = {
         *("--rows", "20000", "--run-rows", "5000", "--batch-rows", "10000"),
         *("--rounds", "1", "--no-local"),
     ],
-    "full": [],
+    "full": ["--takeover"],
 }
 
 
@@ -358,6 +470,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every config (2)")
     parser.add_argument(
         "--no-local", dest="local", action="store_false", help="skip the local[2] context run"
+    )
+    parser.add_argument(
+        "--takeover",
+        action="store_true",
+        help="also time the takeover of a dead server's runs and leases (servers over one "
+        "PostgreSQL)",
+    )
+    parser.add_argument(
+        "--takeover-only", action="store_true", help="time the takeover, nothing else"
+    )
+    parser.add_argument(
+        "--lease", type=float, default=10.0, help="STRATA_LEASE_DURATION of the takeover (10)"
+    )
+    parser.add_argument(
+        "--takeover-rows", type=int, default=200_000, help="rows of the run pending (200000)"
     )
     parser.add_argument("--json-out", help="write the figures here as JSON (for bench/run.py)")
     return parser

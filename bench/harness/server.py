@@ -40,16 +40,17 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start_server(data_dir: Path) -> Server:
+def start_server(data_dir: Path, env: dict[str, str] | None = None) -> Server:
     """`strata up` on free ports; returns once GET /health answers, with ``database_url``
-    and ``psql_url`` (its SQL port) read from GET /info."""
+    and ``psql_url`` (its SQL port) read from GET /info. ``env``: settings of its own."""
     port = free_port()
     log_path = data_dir / "server.log"
-    env = {
+    inherited = {
         k: v
         for k, v in os.environ.items()
         if k not in ("STRATA_PORT", "STRATA_HOST", "STRATA_PG_PORT", "STRATA_PG_HOST")
     }
+    env = inherited | (env or {})
     command = [
         sys.executable,
         "-m",
