@@ -162,13 +162,17 @@ class Membership(Background):
         next server that beats. Called once this server's workers and pipeline stopped."""
         self.stop(timeout=5.0)
         self._trusted_until.clear()
-        with self.engine.begin() as connection:
-            connection.execute(
-                sa.update(leases)
-                .where(leases.c.holder == self.server_id)
-                .values(holder=None, expires_at=None)
-            )
-            connection.execute(sa.delete(servers).where(servers.c.id == self.server_id))
+        try:
+            with self.engine.begin() as connection:
+                connection.execute(
+                    sa.update(leases)
+                    .where(leases.c.holder == self.server_id)
+                    .values(holder=None, expires_at=None)
+                )
+                connection.execute(sa.delete(servers).where(servers.c.id == self.server_id))
+        except sa.exc.OperationalError as error:  # PostgreSQL away: they simply expire
+            first = (str(error.orig).strip().splitlines() or ["unreachable"])[0]
+            self.log.warning("could not give the leases back (%s); they expire", first)
 
 
 def status(engine: sa.Engine) -> dict[str, object]:
