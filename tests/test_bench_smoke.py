@@ -16,7 +16,7 @@ from bench.harness.results import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 # Benchmarks only the slow tests smoke (test_bench_smoke_of_the_rest): clusters (bench/ha.py,
-# bench/scaleout.py), pgbench (bench/pgwire.py), Spark Structured Streaming
+# bench/scaleout.py, bench/elastic.py), pgbench (bench/pgwire.py), Spark Structured Streaming
 # (bench/peer_sss.py), the sustained ingest (bench/sustained.py, minutes of a server), the
 # change feed's subscribers (bench/feed.py; tests/test_feed*.py prove the feed in CI), and,
 # to keep CI within its time, the workloads whose paths CI's tests already prove: Nexmark
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REST = (
     "ha",
     "scaleout",
+    "elastic",
     "pgwire",
     "peer_sss",
     "sustained",
