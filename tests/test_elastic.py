@@ -3,11 +3,11 @@
 
 A cluster of one worker (one core) on loopback, started by the test with
 server/engines/cluster.py; a `strata up` whose Spark driver is an application of it;
-clients post runs all along. Meanwhile a second worker joins (it gets an executor, which
-runs tasks of the next batches), a worker is killed with SIGKILL while its executor runs
-tasks (Spark runs them again elsewhere: a retry, never a lost run), and every worker is
-killed, so runs wait acknowledged and pending with no executor at all, until a worker
-comes back. After it all, the set check: every acknowledged run committed once, the raw
+clients post runs all along. Meanwhile, three times, a worker joins (it gets an executor,
+which runs tasks of the next batches) and the worker before it is killed with SIGKILL while
+its executor runs a task, at a moment hypothesis draws (Spark runs the task again
+elsewhere: a retry, never a lost run); then every worker is gone for 30 s, so runs wait
+acknowledged and pending with no executor at all, until a worker comes back. After it all, the set check: every acknowledged run committed once, the raw
 archive holds exactly the rows sent, and the view equals the batch query.
 """
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from bench.elastic import running_tasks
 from server.engines.cluster import LocalCluster
 from tests import test_e2e as e2e
 from tests.cluster import committed_runs
@@ -112,17 +113,31 @@ def executor_log_lines(cluster: LocalCluster, index: int, text: str) -> int:
     return found
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    instance = LocalCluster(1, directory=tmp_path / "cluster").start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
+def kill_while_running(cluster: LocalCluster, index: int, after: float) -> None:
+    """Kill worker ``index`` with SIGKILL ``after`` seconds past the moment its executor
+    runs a task, at the first moment after that when it runs one (a task its log shows
+    started and not finished): so the kill lands in the middle of a batch."""
+    wait_until(lambda: running_tasks(cluster.directory, index), f"worker {index}'s task", 120)
+    time.sleep(after)
+    wait_until(lambda: running_tasks(cluster.directory, index), f"worker {index}'s task", 120)
+    cluster.kill_worker(index)
 
 
-@pytest.mark.timeout(1200)
-def test_workers_join_and_die_while_runs_flow(cluster: LocalCluster, tmp_path: Path) -> None:
+# Hypothesis draws when each worker dies: seconds after its executor first runs a task.
+KILLS = st.lists(st.floats(0.0, 3.0), min_size=3, max_size=3)
+
+
+@pytest.mark.timeout(1800)
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kills=KILLS)
+def test_workers_join_and_die_while_runs_flow(
+    kills: list[float], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Three times a worker joins during ingest and the one before it is killed mid-batch,
+    at a moment hypothesis draws; then no worker at all for 30 s (runs wait, acknowledged
+    and pending), and one comes back."""
+    tmp_path = tmp_path_factory.mktemp("elastic")
+    cluster = LocalCluster(1, directory=tmp_path / "cluster").start()
     server = e2e.Server(tmp_path / "data", env={"STRATA_SPARK_MASTER": cluster.master_url})
     try:
         server.start()
@@ -135,35 +150,31 @@ def test_workers_join_and_die_while_runs_flow(cluster: LocalCluster, tmp_path: P
         )
         with Poster(server.url) as poster:
             poster.runs_past(3)
-            # A worker joins: the running application gets an executor on it, which runs
-            # tasks of the batches that follow.
-            joined = time.monotonic()
-            second = cluster.add_worker()
-            wait_until(
-                lambda: executor_log_lines(cluster, second, "Running task") > 0,
-                "the new worker's executor to run a task",
-                timeout=120,
-            )
-            print(f"a new worker ran a task {time.monotonic() - joined:.1f} s after it started")
-            assert len(client.get("/info").json()["spark_executors"]) == 2
-            metrics = client.get("/metrics").text
-            assert "strata_spark_executors 2.0" in metrics
-            # The first worker dies with its executor while that executor runs tasks.
-            wait_until(
-                lambda: any(
-                    e["running_tasks"] for e in client.get("/info").json()["spark_executors"]
-                ),
-                "an executor running tasks",
-                timeout=120,
-            )
-            cluster.kill_worker(0)
-            poster.runs_past(3)
+            alive = 0  # the worker whose executor takes the batches now
+            for after in kills:
+                # A worker joins: the running application gets an executor on it, which
+                # runs tasks of the batches that follow.
+                joined = time.monotonic()
+                newest = cluster.add_worker()
+                wait_until(
+                    lambda: executor_log_lines(cluster, newest, "Running task") > 0,  # noqa: B023
+                    "the new worker's executor to run a task",
+                    timeout=120,
+                )
+                took = time.monotonic() - joined
+                print(f"worker {newest} ran a task {took:.1f} s after it started")
+                assert len(client.get("/info").json()["spark_executors"]) == 2
+                assert "strata_spark_executors 2.0" in client.get("/metrics").text
+                # The older worker dies with its executor in the middle of a batch.
+                kill_while_running(cluster, alive, after)
+                alive = newest
+                poster.runs_past(2)
             # Every worker dies: runs are still acknowledged, and wait with no executor.
-            cluster.kill_worker(second)
+            cluster.kill_worker(alive)
             before = len(poster.acknowledged)
             poster.runs_past(2)
             waiting = sorted(poster.acknowledged, key=lambda r: int(r[1:]))[before:]
-            time.sleep(10)
+            time.sleep(30)
             statuses = {r: client.get(f"/runs/{r}").json()["status"] for r in waiting}
             assert set(statuses.values()) == {"pending"}, statuses
             cluster.add_worker()
@@ -174,8 +185,9 @@ def test_workers_join_and_die_while_runs_flow(cluster: LocalCluster, tmp_path: P
             "every acknowledged run to commit",
             timeout=300,
         )
-        log = server.log.read_text(errors="replace")
-        assert "Lost task" in log or "lost executor" in log.lower(), "no task was lost"
+        log = server.log.read_text(errors="replace").lower()
+        # Each killed worker took an executor running a task: the driver says it lost them.
+        assert log.count("lost executor") >= len(kills), "an executor was not lost mid-task"
         counts = committed_runs(server.database_url)
         assert set(counts) == set(sent) and set(counts.values()) == {1}
         with psycopg.connect(server.database_url) as connection:
@@ -187,3 +199,4 @@ def test_workers_join_and_die_while_runs_flow(cluster: LocalCluster, tmp_path: P
             assert view == canonical(connection.execute(ORACLE).fetchall())
     finally:
         server.close()
+        cluster.stop()
