@@ -101,7 +101,13 @@ class Runtime:
         if self.service.cluster is not None:
             self.service.cluster.seed_ddl_log()
         for name, worker in self.workers.items():
-            worker.start(None if membership is None else functools.partial(membership.holds, name))
+            if membership is None:
+                worker.start()
+            else:
+                worker.start(
+                    functools.partial(membership.holds, name),
+                    functools.partial(membership.fence, job=name),
+                )
         for thread in self.replication:
             thread.start()
         self.sql_port.start()

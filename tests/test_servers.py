@@ -11,6 +11,7 @@ held by a dead server.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
@@ -27,16 +28,19 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from rewriter.naming import CATALOG_SCHEMA
-from server.catalog import create_catalog_engine, migrate
+from rewriter.plan import StreamPlan
+from server.catalog import PlanCache, create_catalog_engine, migrate
 from server.ingest.spool import Spool
 from server.settings import ALL_WORKERS, Settings
 from server.sharing.membership import Membership
 from server.sharing.runs import SharedRuns
 from server.workers.backfill import wait_for as backfill_done
+from server.workers.loop import LeaseLost, Worker
 from tests.conftest import new_database, strata_client
 from tests.crash import Ledger, arm, assert_pending_when_struck, fired
 from tests.test_crash import DERIVED, RAW, _check_archives
 from tests.test_e2e import Server, wait_until
+from tests.test_reducer import Raising
 
 JOBS = ("reducer", "sink")
 START = datetime(2024, 9, 1, tzinfo=UTC)
@@ -118,6 +122,82 @@ def test_a_lease_has_one_holder_and_moves_when_it_stops_beating(
             ).fetchall()
         assert left == [("first",)]  # dead, listed until forgotten
     finally:
+        first.stop()
+        second.stop()
+        engine.dispose()
+
+
+class _Writer(Worker):
+    """A worker of job "reducer" whose step writes its server's name in a table of the
+    test, in a step's transaction, and waits there until the test lets it commit."""
+
+    name = "reducer"
+
+    def __init__(self, engine: sa.Engine, server: str) -> None:
+        super().__init__(engine, PlanCache(), interval=3600, batch=1)
+        self.server = server
+        self.entered, self.go_on = threading.Event(), threading.Event()
+
+    def applies_to(self, plan: StreamPlan) -> bool:
+        return True
+
+    def step(self, plan: StreamPlan) -> int:
+        with self.transaction() as connection:
+            connection.execute(
+                sa.text("INSERT INTO fenced_writes VALUES (:server)"), {"server": self.server}
+            )
+            self.entered.set()
+            assert self.go_on.wait(60)
+        return 1
+
+
+def test_a_step_whose_lease_expired_meanwhile_does_not_commit(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """A server paused in a step past its lease (another took the job meanwhile) must not
+    commit the step: the fence, checked in the step's transaction before it commits."""
+    engine = create_catalog_engine(fresh_db)
+    migrate(engine)
+    with psycopg.connect(fresh_db, autocommit=True) as connection:
+        connection.execute("CREATE TABLE fenced_writes (server text)")
+    first = _member(engine, "first", tmp_path / "1", 1.0)
+    second = _member(engine, "second", tmp_path / "2", 1.0)
+    writers = {m.server_id: _Writer(engine, m.server_id) for m in (first, second)}
+    try:
+        first.join()
+        for member in (first, second):
+            writers[member.server_id].start(
+                functools.partial(member.holds, "reducer"),
+                functools.partial(member.fence, job="reducer"),
+            )
+        # Held: the step commits.
+        writer = writers["first"]
+        writer.go_on.set()
+        assert writer.step(None) == 1  # type: ignore[arg-type]
+        # Paused in a step while its lease runs out and the second server takes the job.
+        writer.entered.clear()
+        writer.go_on.clear()
+        paused = Raising(lambda: writer.step(None), "paused step")  # type: ignore[arg-type]
+        paused.start()
+        assert writer.entered.wait(30)
+        time.sleep(1.2)  # past the lease: the first never beats again
+        second.beat()
+        assert second.holds("reducer") and _holders(fresh_db) == {
+            "reducer": "second",
+            "sink": "second",
+        }
+        writer.go_on.set()
+        paused.join(60)
+        assert isinstance(paused.error, LeaseLost), paused.error
+        writers["second"].go_on.set()
+        assert writers["second"].step(None) == 1  # type: ignore[arg-type]
+        with psycopg.connect(fresh_db) as connection:
+            written = connection.execute("SELECT server FROM fenced_writes").fetchall()
+        assert sorted(written) == [("first",), ("second",)]  # not the paused step's
+    finally:
+        for worker in writers.values():
+            worker.go_on.set()
+            worker.stop()
         first.stop()
         second.stop()
         engine.dispose()

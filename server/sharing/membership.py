@@ -4,7 +4,8 @@ background jobs it runs, and the runs of the servers that died.
 Every third of the lease duration, one thread (``Membership``) pushes this server's
 expiry forward, renews the leases it holds and takes those that are free or expired
 (one statement), then claims the pending runs of servers no longer alive and hands them
-to the ingest pipeline. A worker asks ``holds(job)`` before each pass and each step.
+to the ingest pipeline. A worker asks ``holds(job)`` before each pass and each step, and
+``fence`` inside each step's transaction before it commits.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ leases = sa.Table(
 # trusts a renewal for (the rest absorbs a slow statement's return).
 RENEW_SHARE = 1 / 3
 TRUST_SHARE = 0.9
+# Of the lease duration: how long before its lease expires a step may still commit (see
+# ``fence``); a commit takes far less.
+FENCE_SHARE = 1 / 6
 # Lease durations after its expiry that a dead server is still listed (GET /info).
 FORGET_AFTER = 30
 
@@ -76,6 +80,22 @@ class Membership(Background):
     def holds(self, job: str) -> bool:
         """Whether this server holds ``job``'s lease now (no query: the last renewal's)."""
         return self._trusted_until.get(job, 0.0) > time.monotonic()
+
+    def fence(self, connection: sa.Connection, job: str) -> bool:
+        """In a step's transaction, just before it commits: whether this server still holds
+        ``job``'s lease, with at least FENCE_SHARE of the lease left by the clock now. No
+        other server takes a lease before it expires, so a step that passes commits while
+        its job is still this server's; one that fails rolls back (a server paused past its
+        lease cannot write over its successor's work)."""
+        margin = timedelta(seconds=self.lease_duration * FENCE_SHARE)
+        held = connection.execute(
+            sa.select(leases.c.job).where(
+                leases.c.job == job,
+                leases.c.holder == self.server_id,
+                leases.c.expires_at > sa.func.clock_timestamp() + margin,
+            )
+        ).first()
+        return held is not None
 
     def join(self) -> list[int]:
         """Announce this server and take the leases free; the pending runs it claimed from

@@ -106,16 +106,20 @@ class Backfiller(Worker):
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, ParallelAggregatePlan)
 
-    def start(self, lease: Callable[[], bool] | None = None) -> None:
+    def start(
+        self,
+        lease: Callable[[], bool] | None = None,
+        fence: Callable[[sa.Connection], bool] | None = None,
+    ) -> None:
         if self.scratch is not None and self.scratch.exists():
             for leftover in self.scratch.glob("backfill-*.parquet"):  # from a crash
                 leftover.unlink(missing_ok=True)
-        super().start(lease)
+        super().start(lease, fence)
 
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)
         listed = catalog.backfill_runs
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             if not self.plans.hold(connection, plan):
                 return 0
             candidates = connection.execute(

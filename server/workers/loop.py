@@ -11,9 +11,11 @@ keeps doing ``batch`` worth). One failing stream is logged and skipped; the loop
 A crash at any point leaves either the whole transaction or nothing, so workers simply
 resume. When a pass runs changes no result: every step is exact whenever it runs.
 
-With servers sharing one database, a worker started with a lease (``start(lease)``, from
-server/sharing/membership.py) runs a pass, and each step of it, only while ``lease()``
-says this server holds its job's lease: each job runs on one server at a time.
+With servers sharing one database, a worker started with a lease (``start(lease, fence)``,
+from server/sharing/membership.py) runs a pass, and each step of it, only while ``lease()``
+says this server holds its job's lease, and a step's transaction (``transaction()``)
+commits only if ``fence`` finds the lease still held, with time to spare, just before:
+each job runs on one server at a time, even one paused past its lease.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 
@@ -64,6 +67,10 @@ class Background(ABC):
             self._thread.join(timeout=timeout)
 
 
+class LeaseLost(Exception):
+    """A step's transaction found its job's lease gone before committing (rolled back)."""
+
+
 class Worker(Background):
     """A background worker: every ``interval`` seconds, or as soon as it is woken, its
     steps over every stream it applies to. A step is one transaction: one still running
@@ -87,12 +94,28 @@ class Worker(Background):
         # stays set, so another pass follows: what woke it may have come after the pass read.
         self._woken = threading.Event()
         self._lease: Callable[[], bool] | None = None  # set by start(); None: always
+        self._fence: Callable[[sa.Connection], bool] | None = None
         super().__init__()
 
-    def start(self, lease: Callable[[], bool] | None = None) -> None:
-        """Start the loop; with ``lease``, passes and steps run only while it says so."""
-        self._lease = lease
+    def start(
+        self,
+        lease: Callable[[], bool] | None = None,
+        fence: Callable[[sa.Connection], bool] | None = None,
+    ) -> None:
+        """Start the loop; with ``lease``, passes and steps run only while it says so, and
+        with ``fence``, a step commits only if it says so in the step's transaction."""
+        self._lease, self._fence = lease, fence
         super().start()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """A step's transaction (``engine.begin()``), fenced by the lease: it rolls back
+        with LeaseLost if this server no longer holds the job's lease when it would
+        commit."""
+        with self.engine.begin() as connection:
+            yield connection
+            if self._fence is not None and not self._fence(connection):
+                raise LeaseLost(f"{self.name}: the lease of this job was lost during a step")
 
     def _holding(self) -> bool:
         """Whether this server may run this job's steps now (its lease, if it has one)."""
@@ -126,6 +149,9 @@ class Worker(Background):
                 continue
             try:
                 done[record.name] = self._drain(record.plan)
+            except LeaseLost as lost:  # rolled back: the job is another server's now
+                self.log.warning("%s", lost)
+                break
             except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
                 self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
                 self._failed()

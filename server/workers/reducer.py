@@ -58,7 +58,7 @@ class Reducer(Worker):
 
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, ParallelAggregatePlan)
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             # The stream's lock first: an ALTER's swap takes it too (server/alter.py), and
             # waits for the fold in flight while no new one starts.
             lock_reducer(connection, plan.name)

@@ -35,7 +35,7 @@ class Retention(Worker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, RawStreamPlan)
         cutoff = datetime.now(UTC) - timedelta(microseconds=plan.retention_us)
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             driver = connection.connection.driver_connection
             assert driver is not None
             params = {"cutoff": cutoff, "max_rows": self.batch}

@@ -223,7 +223,7 @@ class Materializer(_SerialWorker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, SerialAggregatePlan)
         progress = catalog.serial_progress
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             if not self.plans.hold(connection, plan):
                 return 0
             first = connection.execute(
@@ -299,7 +299,7 @@ class Repairer(_SerialWorker):
     def step(self, plan: StreamPlan) -> int:
         assert isinstance(plan, SerialAggregatePlan)
         corrections, revisions = catalog.corrections, catalog.window_revisions
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             if not self.plans.hold(connection, plan):
                 return 0
             windows = list(

@@ -46,7 +46,7 @@ class Swapper(Worker):
             return 0
 
     def _swap(self, plan: StreamPlan) -> int:
-        with self.engine.begin() as connection:
+        with self.transaction() as connection:
             pending = alter.building(connection, plan.name)
             if pending is None or not alter.ready(connection, pending):
                 return 0
