@@ -444,7 +444,9 @@ def test_refusals_name_what_they_refuse(module_strata: Strata, target: Target) -
     assert "connector 'smtp' is not supported; supported connectors: postgres, webhook" in (
         refused(base + f"(connector = 'smtp', url = '{url}')", 400)
     )
-    assert "Kafka sink is not available yet" in refused(base + "(connector = 'kafka')", 400)
+    assert "the kafka connector needs the option 'brokers'" in refused(
+        base + "(connector = 'kafka')", 400
+    )
     assert "option 'topic' is not an option of the webhook connector" in refused(
         base + "(connector = 'webhook', url = 'http://127.0.0.1:9/x', topic = 't')", 400
     )

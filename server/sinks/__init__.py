@@ -11,6 +11,9 @@ gap, whatever dies when - Strata, the target, the connection between them:
 - a webhook sink (webhook.py) moves its position (in Strata's catalog) after the receiver's
   2xx: a batch whose answer was lost is sent again, and a receiver that stores the last
   position it applied with what it applied skips what it has;
+- a Kafka sink (kafka.py) writes a progress record to ``<topic>.strata-progress`` once the
+  brokers acknowledged a batch's messages, and resumes from it: a batch cut short is sent
+  again, and a consumer that keeps the highest position per key skips what it has;
 - a sink whose next changes are no longer kept (STRATA_FEED_RETENTION) stops, ``broken``,
   rather than skip them.
 

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from server.service import StrataService
 
 
+# The connectors whose target keeps one row per key (what it keys): a view whose rows the key
+# cannot tell apart is refused for them (a table would merge its rows, a compacted topic too).
+KEYED_BY = {"postgres": "table", "kafka": "messages"}
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a sink statement did: its command tag, the sink it created (or found, with IF
@@ -58,12 +63,13 @@ def create_sink(service: StrataService, statement: CreateSink, text: str) -> boo
         refused = refusal(record.plan)
         if refused is not None:
             raise NoFeed(f"a sink delivers a stream's change feed, and {refused}")
-        if statement.connector == "postgres":
+        keyed = KEYED_BY.get(statement.connector)
+        if keyed is not None:
             problem = key_problem(record.plan)
             if problem is not None:
                 raise NoFeed(
-                    f"the postgres connector keys its table on the view's window and group "
-                    f"columns, and {problem}"
+                    f"the {statement.connector} connector keys its {keyed} on the view's "
+                    f"window and group columns, and {problem}"
                 )
         if not insert_sink(connection, statement, text):
             if statement.if_not_exists:

@@ -1,12 +1,14 @@
 """CREATE SINK and DROP SINK, read from their text (the HTTP API's and the SQL port's alike),
 and the connectors a sink may name, as data: adding one is one entry here plus its target
-in server/sinks/targets.py.
+in server/sinks/worker.py's TARGETS.
 
     CREATE SINK [IF NOT EXISTS] name FROM stream
       WITH (connector = 'postgres', url = 'postgresql://...', table = '[schema.]table'
             [, batch_size = n])
     CREATE SINK name FROM stream WITH (connector = 'webhook', url = 'http://...'
             [, batch_size = n])
+    CREATE SINK name FROM stream WITH (connector = 'kafka', brokers = 'host:port[,...]',
+            topic = 'topic' [, batch_size = n])
     DROP SINK [IF EXISTS] name
 
 The shape is RisingWave's (``CREATE SINK ... FROM ... WITH (connector = ...)``); an option
@@ -15,6 +17,7 @@ or a connector Strata does not know is refused by name, with the ones it knows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -29,7 +32,7 @@ class Connector:
     name: str
     required: tuple[str, ...]
     optional: tuple[str, ...]
-    schemes: tuple[str, ...]  # what its url may start with
+    schemes: tuple[str, ...]  # what its url may start with (none: it takes no url)
     summary: str
 
     @property
@@ -53,10 +56,22 @@ CONNECTORS: dict[str, Connector] = {
         schemes=("http", "https"),
         summary="JSON batches POSTed with their position, retried with backoff",
     ),
+    "kafka": Connector(
+        "kafka",
+        required=("brokers", "topic"),
+        optional=("batch_size",),
+        schemes=(),
+        summary="keyed messages with their positions, by an idempotent producer, and a "
+        "progress record in a topic beside them",
+    ),
 }
-# Kafka (confluent-kafka, keyed upserts) is planned: refused by name until then.
-PLANNED = {"kafka": "the Kafka sink is not available yet"}
+# Connectors named in issues but not built yet: refused with what they will be.
+PLANNED: dict[str, str] = {}
 MAX_BATCH_SIZE = 100_000
+# A Kafka topic's name: its legal characters, and room left for the progress topic's suffix
+# (server/sinks/kafka.py) within Kafka's 249.
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+BROKER = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
 
 
 @dataclass(frozen=True)
@@ -143,11 +158,22 @@ def _checked(
     if missing:
         raise InvalidSQL(f"the {chosen} connector needs the option {missing[0]!r}")
     options = {option: value for option, (value, _) in given.items() if option != "connector"}
-    scheme = urlsplit(options["url"]).scheme.lower()
-    if scheme not in connector.schemes or not urlsplit(options["url"]).hostname:
+    if "url" in options:
+        scheme = urlsplit(options["url"]).scheme.lower()
+        if scheme not in connector.schemes or not urlsplit(options["url"]).hostname:
+            raise InvalidSQL(
+                f"the {chosen} connector's url must be a {' or '.join(connector.schemes)}:// "
+                "URL with a host"
+            )
+    if "brokers" in options and not all(
+        BROKER.fullmatch(b.strip()) for b in options["brokers"].split(",")
+    ):
+        raise InvalidSQL("brokers must list the Kafka brokers as 'host:port[,host:port...]'")
+    if "topic" in options and (
+        not TOPIC_NAME.fullmatch(options["topic"]) or options["topic"] in (".", "..")
+    ):
         raise InvalidSQL(
-            f"the {chosen} connector's url must be a {' or '.join(connector.schemes)}:// URL "
-            "with a host"
+            "topic must be a Kafka topic name: up to 200 letters, digits, '.', '_' or '-'"
         )
     if "table" in options:
         parts = options["table"].split(".")

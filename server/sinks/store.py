@@ -68,6 +68,8 @@ class Sink:
     @property
     def target(self) -> str:
         """Where the sink delivers, without a password."""
+        if "topic" in self.options:  # Kafka: brokers, and no password to hide
+            return f"kafka {self.options['brokers']} topic {self.options['topic']}"
         shown = redacted_url(self.url)
         return f"{shown} table {self.options['table']}" if "table" in self.options else shown
 

@@ -1,6 +1,6 @@
 """The sink worker: every pass, each sink due delivers what its stream's feed holds after
-the position it delivered last, batch by batch (server/sinks/postgres.py and webhook.py say
-how each connector keeps exactly once).
+the position it delivered last, batch by batch (server/sinks/postgres.py, webhook.py and kafka.py
+say how each connector keeps exactly once).
 
 A sink that fails (its target down, refusing, too slow) is logged, noted in the catalog
 (state ``retrying``, its error, its failures in a row) and tried again after a backoff
@@ -20,22 +20,24 @@ from server import faults
 from server.catalog import PlanCache
 from server.metrics import Metrics
 from server.settings import DEFAULTS
+from server.sinks.kafka import KafkaDeliveryFailed, KafkaTarget
 from server.sinks.postgres import PostgresTarget, TargetProblem
 from server.sinks.source import SinkBroken
 from server.sinks.store import Sink, load_sinks, record_delivered, record_failed
 from server.sinks.webhook import DeliveryRefused, WebhookTarget
 from server.workers.loop import Worker
 
-Target = PostgresTarget | WebhookTarget
-TARGETS: dict[str, type[PostgresTarget] | type[WebhookTarget]] = {
+Target = PostgresTarget | WebhookTarget | KafkaTarget
+TARGETS: dict[str, type[PostgresTarget] | type[WebhookTarget] | type[KafkaTarget]] = {
     "postgres": PostgresTarget,
     "webhook": WebhookTarget,
+    "kafka": KafkaTarget,
 }
 # The first retry's delay, in seconds; each failure in a row doubles it, up to the setting.
 FIRST_BACKOFF = 0.5
 # Most batches one sink delivers in one step, so that a pass visits every sink in turn.
 BATCHES_PER_STEP = 10
-_OWN_ERRORS = (SinkBroken, TargetProblem, DeliveryRefused)
+_OWN_ERRORS = (SinkBroken, TargetProblem, DeliveryRefused, KafkaDeliveryFailed)
 
 
 class SinkWorker(Worker):
