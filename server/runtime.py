@@ -34,7 +34,7 @@ from server.replication.puller import DdlFollower, Puller, Settler
 from server.security import configure_reader, secret, write_private_file
 from server.service import StrataService
 from server.settings import ALL_WORKERS, Settings
-from server.sharing.membership import Membership, new_server_id
+from server.sharing.membership import LeaseCollector, Membership, new_server_id
 from server.sharing.runs import SharedRuns
 from server.shutdown import SPARK_SHARE, WORK_SHARE, Shutdown
 from server.sinks.worker import SinkWorker
@@ -247,6 +247,7 @@ def assemble(
             resume=resume,
             taken=lambda job: workers[job].wake(),
         )
+        metrics.registry.register(LeaseCollector(membership))
     return Runtime(
         settings,
         database_url,

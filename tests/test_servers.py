@@ -277,6 +277,10 @@ def test_a_dead_servers_runs_are_finished_by_another_from_postgresql(
         assert paths == [(up.runtime.service.shared.owner,)]  # type: ignore[union-attr]
         info = up.client.get("/info").json()
         assert info["leases"]["reducer"]["holder"] == up.runtime.service.shared.owner  # type: ignore[union-attr]
+        metrics = up.client.get("/metrics").text
+        assert 'strata_lease_held{job="reducer"} 1.0' in metrics
+        assert "strata_servers_alive 1.0" in metrics  # "down" beat once, a lease ago
+        assert 'strata_lease_held{job="reducer"} 0.0' in down.client.get("/metrics").text
         # DDL the other way: a stream created on "down" is on "up" at once.
         assert down.client.post("/streams", json={"sql": DERIVED["per_hour"][0]}).status_code == 201
         assert up.client.get("/streams/per_hour").status_code == 200

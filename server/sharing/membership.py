@@ -13,10 +13,12 @@ from __future__ import annotations
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy.dialects import postgresql
 
 from server import catalog
@@ -193,6 +195,39 @@ class Membership(Background):
         except sa.exc.OperationalError as error:  # PostgreSQL away: they simply expire
             first = (str(error.orig).strip().splitlines() or ["unreachable"])[0]
             self.log.warning("could not give the leases back (%s); they expire", first)
+
+
+class LeaseCollector(Collector):
+    """/metrics of a server sharing the database: the jobs whose lease it holds now, and
+    how many servers are alive, at each scrape."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "strata_lease_held",
+            "1 if this server holds the job's lease (runs the job) now, else 0.",
+            labels=["job"],
+        )
+        for job in self.membership.jobs:
+            held.add_metric([job], 1.0 if self.membership.holds(job) else 0.0)
+        yield held
+        live = GaugeMetricFamily(
+            "strata_servers_alive", "Servers sharing this database whose heartbeat is live."
+        )
+        try:
+            with self.membership.engine.connect() as connection:
+                count = connection.execute(
+                    sa.select(sa.func.count()).select_from(alive().subquery())
+                ).scalar_one()
+        except sa.exc.OperationalError:  # PostgreSQL away: the gauge is left out
+            return
+        live.add_metric([], float(count))
+        yield live
 
 
 def status(engine: sa.Engine) -> dict[str, object]:
