@@ -26,6 +26,8 @@ step's transaction with its work written and not yet committed:
   target's transaction, not committed (server/sinks/postgres.py); ``key`` is the sink;
 - ``sink_produce``: a Kafka sink has read its batch from the feed and is about to hand it
   to its producer: none of it is in Kafka, nor its progress record (server/sinks/kafka.py);
+- ``sink_progress``: a Kafka sink's batch is acknowledged by the brokers, and its progress
+  record is not written yet: the batch will be sent again (server/sinks/kafka.py);
 - ``sink_delivered``: a sink's batch is in its target (committed there, or answered 2xx by
   a webhook) and this server has not noted it yet (server/sinks/worker.py);
 - ``replace_rows``: a cluster node has put the rows the cluster chose in place of its own
@@ -89,6 +91,7 @@ WORKER_PHASES = (
     "replace_rows",
     "sink_write",
     "sink_produce",
+    "sink_progress",
     "sink_delivered",
 )
 PHASES = RUN_PHASES + WORKER_PHASES

@@ -170,7 +170,7 @@ def fired(server: Server, phase: str, key: str, *, within: float = 0) -> dict:
         assert in_flight["rows"] > 0, strike
     elif phase in ("materialize", "repair"):
         assert in_flight["windows"], strike
-    elif phase in ("sink_write", "sink_produce", "sink_delivered"):
+    elif phase in ("sink_write", "sink_produce", "sink_progress", "sink_delivered"):
         assert in_flight["changes"] > 0, strike
     return strike  # type: ignore[no-any-return]
 

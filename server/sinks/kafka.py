@@ -155,6 +155,7 @@ class KafkaTarget:
                     producer.poll(0.1)
         self._flush(producer, acknowledged, f"the batch up to position {batch.position}")
         # Every message of the batch is acknowledged: only now may the progress say so.
+        faults.reach("sink_progress", [name], changes=len(batch.changes), position=batch.position)
         self._write_progress(producer, batch)
         self._progress = Progress(batch.position, batch.feed)
         return batch.position, len(batch.changes)
