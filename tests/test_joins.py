@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server import faults
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, examples
 from tests.oracle import SnapshotReader, at, cut, late, ndjson, same, with_a_late_run
@@ -378,9 +379,10 @@ def test_concurrent_runs_on_both_sides_while_a_reader_checks_every_snapshot(
     strata: Strata,
 ) -> None:
     """Runs of both sides are posted at once and committed by a pipelined server (a batch
-    of one side is computed while one of the other commits): without the version check, a
-    pair whose rows commit in that window would be missed. A reader compares the join
-    with its batch oracle in one snapshot, over and over, meanwhile."""
+    of one side is computed while one of the other commits, unless the compute stage waits
+    for that commit: the test below forces that window, with and without the wait): without
+    the version check, a pair whose rows commit in that window would be missed. A reader
+    compares the join with its batch oracle in one snapshot, over and over, meanwhile."""
     rng = random.Random(11)
     strata.create("CREATE STREAM ls (k integer, v integer, t timestamptz) WITH (event_time = 't')")
     strata.create("CREATE STREAM rs (k integer, w integer, t timestamptz) WITH (event_time = 't')")
@@ -414,6 +416,47 @@ def test_concurrent_runs_on_both_sides_while_a_reader_checks_every_snapshot(
     ]
     equals_model(strata, {view: pairs})
     assert len(pairs) > 50
+
+
+@pytest.mark.parametrize("awaits_commits", [True, False], ids=["pipelined", "check_only"])
+def test_a_batch_probes_only_once_the_other_sides_batch_in_flight_is_committed(
+    strata: Strata, monkeypatch: pytest.MonkeyPatch, awaits_commits: bool
+) -> None:
+    """A run of rs is posted while a batch of ls is held inside its commit transaction. The
+    compute stage waits for that commit before it probes ls: the rs batch is computed once
+    and pairs with the ls row. With that wait switched off, it probes without the ls row,
+    its commit finds ls's version moved (server/ingest/joins.py) and it is computed again:
+    exact either way, the wait only saves the second Spark job."""
+    strata.create("CREATE STREAM ls (k integer, v integer, t timestamptz) WITH (event_time = 't')")
+    strata.create("CREATE STREAM rs (k integer, w integer, t timestamptz) WITH (event_time = 't')")
+    strata.create("CREATE STREAM lr AS SELECT l.k, l.v, r.w, r.t FROM ls l JOIN rs r ON l.k = r.k")
+    pipeline = strata.service.pipeline
+    computed: Counter[str] = Counter()
+    partials = pipeline.backend.partials
+
+    def counted(*args: Any, source: str, **kwargs: Any) -> Any:
+        computed[source] += 1
+        return partials(*args, source=source, **kwargs)
+
+    monkeypatch.setattr(pipeline.backend, "partials", counted)
+    if not awaits_commits:
+        monkeypatch.setattr(pipeline, "_await_sources", lambda stream, dependents: None)
+    left, right = {"k": 1, "v": 2, "t": at(60)}, {"k": 1, "w": 3, "t": at(120)}
+    with (
+        faults.hold("in_pg_write", "left") as committing,
+        faults.hold("in_spark", "right") as computing,
+    ):
+        assert strata.post_run("ls", ndjson([left]), wait=False, run_id="left").status_code == 202
+        assert committing.reached.wait(120), "the ls batch never reached its commit"
+        assert strata.post_run("rs", ndjson([right]), wait=False, run_id="right").status_code == 202
+        # Probed (and about to run Spark) with the ls batch uncommitted, or waiting for it.
+        assert computing.reached.wait(5) is not awaits_commits
+    for run_id in ("left", "right"):
+        record = strata.service.run(run_id)
+        assert record is not None
+        assert strata.service.wait(record, 120).status == "committed"
+    assert computed == {"ls": 1, "rs": 1 if awaits_commits else 2}
+    equals_model(strata, {"SELECT k, v, w, t FROM lr": [(1, 2, 3, when(right["t"]))]})
 
 
 def test_refusals_name_the_construct(module_strata: Strata) -> None:

@@ -17,6 +17,13 @@ while the commit stage writes batch N to PostgreSQL. A bounded hand-off keeps at
 computed batch waiting. Exactly-once never depends on the pipeline: the commit marker is
 the pending->committed flip inside the commit transaction.
 
+The one exception to that overlap is a batch feeding a join another of whose sources has a
+batch handed over and not yet committed: it waits for that commit before it reads its probe
+(``_await_sources``). Computed before, it would have missed those rows, its commit would
+find the source's version moved (ingest/joins.py) and compute it all again, in the commit
+stage; a commit takes milliseconds, a batch's Spark jobs hundreds of them. The wait only
+saves work: the version check still decides.
+
 A commit that brought late rows (behind the stream's watermark: windows the reducer has
 most likely folded already, which views now merge on read, and serial windows already
 materialized, which their views compute on read until repaired) calls ``late_committed``
@@ -56,7 +63,7 @@ from server import catalog, faults, feed
 from server.catalog import PlanCache, RunRecord, StreamRecord, archive_table
 from server.engines.backend import SparkBackend, SparkStopped
 from server.ingest.archive import copy_in, internal_table
-from server.ingest.joins import JoinProbes, lock_versions, probe
+from server.ingest.joins import JoinProbes, compared_sources, lock_versions, probe
 from server.ingest.progress import record_progress
 from server.ingest.spool import Spool
 from server.metrics import Metrics
@@ -157,6 +164,10 @@ class IngestPipeline:
         self._done_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._computed: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
+        # Batches handed to the commit stage and not yet done there, per raw stream, and
+        # the condition their end signals (see _await_sources).
+        self._uncommitted: dict[str, int] = {}
+        self._commits = threading.Condition()
         self._stopping = threading.Event()
         # The connection of the commit transaction in flight, for stop() to cancel.
         self._writing: psycopg.Connection | None = None
@@ -302,13 +313,38 @@ class IngestPipeline:
     def _hand_over(self, item: _Batch | None) -> None:
         """Put ``item`` in the commit stage's hand-off, unless the commit stage is gone
         (Strata stopping: what it would have committed stays pending for the next start)."""
+        if item is not None:
+            self._count_uncommitted(item.stream, +1)
         while True:
             try:
                 self._computed.put(item, timeout=0.2)
                 return
             except queue.Full:
                 if self.stopping and not self._threads[1].is_alive():
+                    if item is not None:
+                        self._count_uncommitted(item.stream, -1)
                     return
+
+    def _count_uncommitted(self, stream: str, change: int) -> None:
+        with self._commits:
+            left = self._uncommitted.get(stream, 0) + change
+            if left:
+                self._uncommitted[stream] = left
+            else:
+                self._uncommitted.pop(stream, None)
+                self._commits.notify_all()
+
+    def _await_sources(self, stream: str, dependents: list[catalog.ComputedPlan]) -> None:
+        """Wait until no batch of a source the batch's joins compare (ingest/joins.py) is
+        handed over and uncommitted: probed before its commit, the batch would be computed
+        twice (see the module docstring). Stopping ends the wait."""
+        joins = [p for p in dependents if isinstance(p, JoinStreamPlan)]
+        if not joins:
+            return
+        sources = compared_sources(joins, stream)
+        with self._commits:
+            while any(s in self._uncommitted for s in sources) and not self.stopping:
+                self._commits.wait(0.2)
 
     def _retry_later(self, seqs: list[int]) -> None:
         self.metrics.worker_failed("ingest")
@@ -357,7 +393,7 @@ class IngestPipeline:
             return
         faults.reach("after_spool", [r.run_id for r in runs], rows=sum(r.rows for r in runs))
         try:
-            batch = self._prepare(stream, runs)
+            batch = self._prepare(stream, runs, after_commits=True)
         except PySparkException as err:
             if self.stopping:  # a job cancelled by the stop: no fault of the runs
                 raise SparkStopped("Strata is stopping") from err
@@ -369,11 +405,17 @@ class IngestPipeline:
             return
         self._hand_over(batch)
 
-    def _prepare(self, stream: str, runs: list[RunRecord]) -> _Batch:
+    def _prepare(
+        self, stream: str, runs: list[RunRecord], *, after_commits: bool = False
+    ) -> _Batch:
+        """The batch of ``runs`` computed; ``after_commits`` (the compute stage): its probe
+        read once the batches of its joins' sources in the commit stage are committed."""
         paths = [str(r.spool_path) for r in runs]
         data = pa.concat_tables([self.spool.read(path) for path in paths])
-        started = time.perf_counter()
         dependents = catalog.dependents(self.streams(), stream)
+        if after_commits:
+            self._await_sources(stream, dependents)
+        started = time.perf_counter()
         probes = self._probe(stream, dependents, data)
         faults.reach("in_spark", [r.run_id for r in runs], rows=data.num_rows)
         partials = self.backend.partials(
@@ -428,7 +470,10 @@ class IngestPipeline:
                 continue
             if batch is None:
                 return
-            self._commit_or_refuse(batch)
+            try:
+                self._commit_or_refuse(batch)
+            finally:
+                self._count_uncommitted(batch.stream, -1)
 
     def _commit_or_refuse(self, batch: _Batch) -> None:
         """Commit a batch; retry it later on a passing failure. When PostgreSQL refuses
@@ -469,6 +514,7 @@ class IngestPipeline:
                 # Stream DDL or a concurrent commit raced us: recompute what is left.
                 if not retry.runs or batch.stream not in self.streams():
                     break
+                log.info("computing runs %s of %s again", [r.seq for r in retry.runs], batch.stream)
                 batch = self._prepare(batch.stream, retry.runs)
                 continue
             finally:
