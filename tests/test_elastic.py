@@ -7,8 +7,9 @@ clients post runs all along. Meanwhile, three times, a worker joins (it gets an 
 which runs tasks of the next batches) and the worker before it is killed with SIGKILL while
 its executor runs a task, at a moment hypothesis draws (Spark runs the task again
 elsewhere: a retry, never a lost run); then every worker is gone for 30 s, so runs wait
-acknowledged and pending with no executor at all, until a worker comes back. After it all, the set check: every acknowledged run committed once, the raw
-archive holds exactly the rows sent, and the view equals the batch query.
+acknowledged and pending with no executor at all, until a worker comes back. After it all,
+the set check: every acknowledged run committed once, the raw archive holds exactly the
+rows sent, and the view equals the batch query.
 """
 
 from __future__ import annotations
