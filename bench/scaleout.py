@@ -28,7 +28,10 @@ Spark driver JVM never meets another benchmark's):
 5. stops the applications and the cluster.
 
 The figure: rows/s of the stage on 2 workers against 1 worker (ratio = scale-out).
-Prints a table and one JSON line.
+Prints a table and one JSON line. On a machine with too few cores for its two workers, it
+also prints how to measure scale-out where they have cores of their own: ``--master``
+names a running standalone master (its workers on other machines) instead of a cluster of
+its own, and ``--work`` a directory on storage every worker reads.
 
 With ``--takeover`` (``--takeover-only``: nothing else), a second figure, of several
 servers over one PostgreSQL (STRATA_SHARED_DATABASE): two `strata up` share a scratch
@@ -230,7 +233,7 @@ def _wait_for_executors(spark: object, executors: int, timeout: float = 180) -> 
 
 
 def run_benchmark(args: argparse.Namespace) -> tuple[int, list[Result], dict[str, object]]:
-    work = Path(tempfile.mkdtemp(prefix="strata-scaleout-"))
+    work = Path(tempfile.mkdtemp(prefix="strata-scaleout-", dir=args.work))
     try:
         code, results, summary = (0, [], {}) if args.takeover_only else _run(args, work)
         if args.takeover or args.takeover_only:
@@ -351,15 +354,20 @@ def _run(args: argparse.Namespace, work: Path) -> tuple[int, list[Result], dict[
     if args.local:
         configs.append(("local[2]", None))
     measured = {name: Measured(name, args.rows) for name, _ in configs}
-    cluster = LocalCluster(CLUSTER_WORKERS, cores=1, memory="1g", directory=work / "cluster")
+    # Without --master, a cluster of its own on this machine.
+    cluster = None
+    if args.master is None:
+        cluster = LocalCluster(CLUSTER_WORKERS, cores=1, memory="1g", directory=work / "cluster")
     started = time.monotonic()
     try:
-        cluster.start()
+        if cluster is not None:
+            cluster.start()
+        master_url = cluster.master_url if cluster is not None else args.master
         cluster_start = time.monotonic() - started
-        print(f"cluster {cluster.master_url} up in {cluster_start:.1f}s", flush=True)
+        print(f"cluster {master_url} up in {cluster_start:.1f}s", flush=True)
         for round_ in range(args.rounds):
             for name, cores in configs:
-                master = "local[2]" if cores is None else cluster.master_url
+                master = "local[2]" if cores is None else master_url
                 seconds, count, digest = measure(master, name, work, data, cores)
                 entry = measured[name]
                 entry.rounds.append(seconds)
@@ -372,7 +380,8 @@ def _run(args: argparse.Namespace, work: Path) -> tuple[int, list[Result], dict[
                     flush=True,
                 )
     finally:
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
     digests = {m.digest for m in measured.values()}
     if len(digests) != 1:
         raise BenchError(f"the configurations computed different partials: {measured}")
@@ -383,6 +392,17 @@ def _run(args: argparse.Namespace, work: Path) -> tuple[int, list[Result], dict[
         rounds = ", ".join(f"{s:.2f}" for s in m.rounds)
         print(f"{m.config:<14} {m.best:>8.2f} {m.rows_per_s:>12,.0f}  {rounds}")
     print(f"scale-out (2 workers / 1 worker): {two.rows_per_s / one.rows_per_s:.2f}")
+    cpus = os.cpu_count() or 0
+    if args.master is None and cpus < CLUSTER_WORKERS + 2:
+        print(
+            f"This machine has {cpus} cores for two 1-core workers, the driver and the rest: "
+            "the ratio says the path works, not how much a worker adds. Where workers have "
+            "cores of their own: start a master with Spark's own `spark-class "
+            "org.apache.spark.deploy.master.Master --host HOST` and, on two other machines, "
+            "`spark-class org.apache.spark.deploy.worker.Worker spark://HOST:7077`, then "
+            "here `python -m bench.scaleout --master spark://HOST:7077 --work DIR` with DIR "
+            "on storage every worker reads (its executors read the runs' files)."
+        )
     context: dict[str, float | int | str] = {
         "rows": args.rows,
         "runs": len(runs),
@@ -485,6 +505,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--takeover-rows", type=int, default=200_000, help="rows of the run pending (200000)"
+    )
+    parser.add_argument(
+        "--master",
+        help="a running Spark standalone master (spark://host:port) with two or more workers "
+        "of their own machines, instead of a cluster on this one",
+    )
+    parser.add_argument(
+        "--work", help="where the runs' files go: with --master, storage every worker reads"
     )
     parser.add_argument("--json-out", help="write the figures here as JSON (for bench/run.py)")
     return parser
