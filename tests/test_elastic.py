@@ -114,6 +114,31 @@ def executor_log_lines(cluster: LocalCluster, index: int, text: str) -> int:
     return found
 
 
+def exact_so_far(server: e2e.Server, client: httpx.Client, poster: Poster) -> None:
+    """Once the runs acknowledged so far are committed: each once, the raw archive holding
+    every committed run's rows, and the view equal to the batch query, in one snapshot
+    (runs go on meanwhile)."""
+    sent = sorted(poster.acknowledged, key=lambda r: int(r[1:]))
+    wait_until(
+        lambda: all(client.get(f"/runs/{r}").json()["status"] == "committed" for r in sent),
+        "the runs acknowledged so far to commit",
+        timeout=300,
+    )
+    counts = committed_runs(server.database_url)
+    assert set(sent) <= set(counts) and set(counts.values()) == {1}, counts
+    with psycopg.connect(server.database_url) as connection:
+        connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        committed = connection.execute(
+            "SELECT count(*) FROM strata_catalog.runs WHERE status = 'committed'"
+        ).fetchone()
+        rows = connection.execute("SELECT count(*) FROM ev").fetchone()
+        assert committed is not None and rows == (committed[0] * ROWS,)
+        view = canonical(
+            connection.execute("SELECT k, n, total, window_start FROM ev_counts").fetchall()
+        )
+        assert view == canonical(connection.execute(ORACLE).fetchall())
+
+
 def kill_while_running(cluster: LocalCluster, index: int, after: float) -> None:
     """Kill worker ``index`` with SIGKILL ``after`` seconds past the moment its executor
     runs a task, at the first moment after that when it runs one (a task its log shows
@@ -170,6 +195,7 @@ def test_workers_join_and_die_while_runs_flow(
                 kill_while_running(cluster, alive, after)
                 alive = newest
                 poster.runs_past(2)
+                exact_so_far(server, client, poster)
             # Every worker dies: runs are still acknowledged, and wait with no executor.
             cluster.kill_worker(alive)
             before = len(poster.acknowledged)
