@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import random
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -38,12 +36,11 @@ from server.workers.backfill import wait_for as backfill_done
 from server.workers.loop import LeaseLost, Worker
 from tests.conftest import new_database, strata_client
 from tests.crash import Ledger, arm, assert_pending_when_struck, fired
-from tests.test_crash import DERIVED, RAW, _check_archives
+from tests.test_crash import DERIVED, RAW, _body, _check_archives
 from tests.test_e2e import Server, wait_until
 from tests.test_reducer import Raising
 
 JOBS = ("reducer", "sink")
-START = datetime(2024, 9, 1, tzinfo=UTC)
 # Short leases, so that a takeover is seconds: the test waits for it.
 LEASE = 2.0
 
@@ -201,20 +198,6 @@ def test_a_step_whose_lease_expired_meanwhile_does_not_commit(
         first.stop()
         second.stop()
         engine.dispose()
-
-
-def _body(rng: random.Random, rows: int) -> str:
-    return "".join(
-        json.dumps(
-            {
-                "k": rng.choice("abcd"),
-                "v": rng.randrange(1000),
-                "t": (START + timedelta(seconds=rng.randrange(3600))).isoformat(),
-            }
-        )
-        + "\n"
-        for _ in range(rows)
-    )
 
 
 def test_a_dead_servers_runs_are_finished_by_another_from_postgresql(
