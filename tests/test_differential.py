@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pyarrow as pa
@@ -38,6 +39,8 @@ from rewriter.window_forms import window_start_spark
 from server.catalog import create_catalog_engine, migrate
 from server.engines.backend import SparkBackend
 from server.ingest.archive import copy_in
+from server.ingest.parse import arrow_schema
+from server.ingest.spool import Spool
 from tests.conftest import new_database
 
 # ---------------------------------------------------------------------------------------
@@ -1299,6 +1302,53 @@ def test_small_batches_are_one_task_with_the_same_partials(spark: SparkSession) 
 
     assert "Exchange" not in physical(single)
     assert "Exchange" in physical(shuffled)
+
+
+def test_a_small_batch_shipped_from_memory_means_what_its_spooled_file_means(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch of at most ``shipped_rows`` rows goes to Spark from the driver's memory, not
+    from its spooled Parquet file: with the same Spark types (a timestamp without time zone
+    is TIMESTAMP_NTZ either way) and the same partial rows."""
+    source = rewrite(
+        "CREATE STREAM diff_shipped (k text, s smallint, n numeric(12,4), d date, "
+        "lt timestamp, t timestamptz) WITH (event_time = 't')",
+        {},
+    )
+    assert isinstance(source, RawStreamPlan)
+    plan = rewrite(
+        "CREATE STREAM diff_shipped_agg AS SELECT k, count(*) AS c, sum(n) AS n, sum(s) AS s, "
+        "min(d) AS d, max(lt) AS lt, min(CAST(lt AS date)) AS lt_day, window_start "
+        "FROM TUMBLE(diff_shipped, t, INTERVAL '1 hour') GROUP BY k, window_start",
+        {"diff_shipped": source},
+    )
+    base = dt.datetime(2024, 3, 31, 0, 30)
+    rows = pa.table(
+        {
+            "k": pa.array(["a", "b", None, "a"]),
+            "s": pa.array([1, 2, None, -3], pa.int16()),
+            "n": pa.array([Decimal("1.5"), None, Decimal("-2.25"), Decimal("0.0001")]),
+            "d": pa.array([dt.date(2024, 3, 31), None, dt.date(2024, 1, 1), dt.date(2023, 2, 28)]),
+            "lt": pa.array([base, base + dt.timedelta(hours=3), None, base]),
+            "t": pa.array(
+                [base.replace(tzinfo=dt.UTC) + dt.timedelta(minutes=m) for m in (0, 50, 70, 130)]
+            ),
+            RUN_COLUMN: pa.array([1, 1, 2, 2], pa.int64()),
+        }
+    ).cast(arrow_schema(source.columns).append(pa.field(RUN_COLUMN, pa.int64())))
+    spooled = Spool(tmp_path).write(1, rows)
+    shipped, read = SparkBackend(spark), SparkBackend(spark, shipped_rows=0)
+    frames = [b._scan(spark, rows, [str(spooled)]) for b in (shipped, read)]  # noqa: SLF001
+    assert frames[0].schema == frames[1].schema
+    assert "LocalTableScan" in frames[0]._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
+    assert "FileScan" in frames[1]._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
+    one, other = (
+        b.partials(rows, [plan], source="diff_shipped", files=[str(spooled)])[plan.name]  # type: ignore[list-item]
+        for b in (shipped, read)
+    )
+    assert one.schema == other.schema
+    assert one.num_rows == 4
+    assert sorted(one.to_pylist(), key=repr) == sorted(other.to_pylist(), key=repr)
 
 
 def test_every_registry_aggregate_is_covered() -> None:
