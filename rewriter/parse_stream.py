@@ -115,7 +115,8 @@ def _refuse_foreign_clauses(sql: str, tokens: list[Token]) -> None:
     """Refuse by name, before the parser (which would only say it did not expect them), the
     clauses of other engines' SQL that Strata has no counterpart for, with what to write."""
     words = [t for t in tokens if t.token_type not in (TokenType.STRING, TokenType.IDENTIFIER)]
-    for token, following in zip(words, [*words[1:], None], strict=True):
+    for k, token in enumerate(words):
+        following = words[k + 1] if k + 1 < len(words) else None
         word = token.text.upper()
         if word == "MATCH_RECOGNIZE":
             raise UnsupportedSQL(
