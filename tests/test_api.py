@@ -79,7 +79,7 @@ def test_ddl_errors(strata: Strata) -> None:
         },
     )
     assert unsupported.status_code == 400
-    assert "supported aggregates" in unsupported.json()["error"]
+    assert "late runs change that order" in unsupported.json()["error"]
     empty = strata.client.post("/streams", json={})
     assert empty.status_code == 400 and "sql" in empty.json()["error"], empty.json()
     for missing in (strata.client.get("/streams/nope"), strata.client.delete("/streams/nope")):
