@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (bench/peer_sss.py), the sustained ingest (bench/sustained.py, minutes of a server), the
 # change feed's subscribers (bench/feed.py; tests/test_feed*.py prove the feed in CI), and,
 # to keep CI within its time, the workloads whose paths CI's tests already prove: Nexmark
-# (tests/test_nexmark.py), HiBench, the soak, ALTER, COPY formats and serial streams.
+# (tests/test_nexmark.py), HiBench, ALTER, COPY formats and serial streams.
 REST = (
     "ha",
     "scaleout",
@@ -31,7 +31,6 @@ REST = (
     "feed",
     "nexmark",
     "hibench",
-    "soak",
     "alter",
     "copy_format",
     "serial",
