@@ -91,6 +91,7 @@ def test_the_readme_table_is_the_saved_results() -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 79 s: out of CI, which stays within its 30 minutes (dev.py test --slow)
 @pytest.mark.timeout(1800)
 def test_bench_smoke(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
