@@ -149,17 +149,9 @@ def _check_session_partitions(
     for partition in partitions:
         where = line_and_column(sql, partition.offset)
         for select in query.find_all(exp.Select):
-            call = next(
-                (
-                    c
-                    for c in select.args["from_"].find_all(exp.Anonymous)
-                    if c.name.upper() == SESSION_CALL and position_of(c) == where
-                )
-                if select.args.get("from_") is not None
-                else iter(()),
-                None,
-            )
-            if call is None:
+            source = select.args.get("from_")
+            calls = source.find_all(exp.Anonymous) if source is not None else ()
+            if not any(c.name.upper() == SESSION_CALL and position_of(c) == where for c in calls):
                 continue
             group = select.args.get("group")
             grouped = {
