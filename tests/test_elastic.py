@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.elastic import running_tasks
+from bench.elastic import ran_tasks, running_tasks
 from server.engines.cluster import LocalCluster
 from tests import test_e2e as e2e
 from tests.cluster import committed_runs
@@ -106,14 +106,6 @@ class Poster:
         )
 
 
-def executor_log_lines(cluster: LocalCluster, index: int, text: str) -> int:
-    """Lines holding ``text`` in the logs of the executors worker ``index`` ran."""
-    found = 0
-    for log in (cluster.directory / f"worker-{index}").glob("app-*/*/stderr"):
-        found += log.read_text(errors="replace").count(text)
-    return found
-
-
 def exact_so_far(server: e2e.Server, client: httpx.Client, poster: Poster) -> None:
     """Once the runs acknowledged so far are committed: each once, the raw archive holding
     every committed run's rows, and the view equal to the batch query, in one snapshot
@@ -183,7 +175,7 @@ def test_workers_join_and_die_while_runs_flow(
                 joined = time.monotonic()
                 newest = cluster.add_worker()
                 wait_until(
-                    lambda: executor_log_lines(cluster, newest, "Running task") > 0,  # noqa: B023
+                    lambda: ran_tasks(cluster.directory, newest),  # noqa: B023
                     "the new worker's executor to run a task",
                     timeout=120,
                 )
