@@ -13,6 +13,8 @@ queries as their project writes them, and SQL copied from Flink's documentation)
   ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')``, ``REGEXP_EXTRACT(s, p, n)`` is
   ``(regexp_match(s, p))[n]`` and ``SPLIT_INDEX(s, sep, i)`` is ``split_part(s, sep, i + 1)``
   where ``s`` has the piece, else NULL (desugar_functions, on the parsed tree);
+* ``CREATE FUNCTION name AS 'class'`` (a Java class, which a Python server cannot load)
+  is refused by name, with the SQL function to create instead (flink_function);
 * a name in backticks, `` `dateTime` ``, is the name itself: a quoted identifier in lower
   case (``"datetime"``), as Strata's names are, so that it also names a reserved word
   (`` `value` ``).
@@ -31,6 +33,19 @@ from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
 
+# What to create instead of a Java function (rewriter.inline_functions inlines it).
+SQL_FUNCTION_FORM = (
+    "CREATE FUNCTION name(arg type, ...) RETURNS type LANGUAGE sql IMMUTABLE "
+    "RETURN <one expression of the arguments>"
+)
+# Flink's CREATE [TEMPORARY [SYSTEM]] FUNCTION [IF NOT EXISTS] name AS 'class' [LANGUAGE
+# JAVA|SCALA|PYTHON]: no argument list, a class name where PostgreSQL wants a body (and so
+# never valid PostgreSQL).
+_FLINK_FUNCTION = re.compile(
+    r"\s*CREATE\s+(?:TEMPORARY\s+(?:SYSTEM\s+)?)?FUNCTION\s+(?:IF\s+NOT\s+EXISTS\s+)?"
+    r"((?:\w+\.)*\w+)\s+AS\s+'",
+    re.I,
+)
 WINDOW_FUNCTIONS = ("TUMBLE", "HOP", "CUMULATE", "SESSION")
 INTERVAL_UNITS = ("SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
@@ -340,3 +355,16 @@ def desugar_functions(node: exp.Expr) -> exp.Expr:
         )
     zoned = exp.AtTimeZone(this=args[0].copy(), zone=exp.Literal.string("UTC"))
     return exp.Anonymous(this="to_char", expressions=[zoned, exp.Literal.string(pattern)])
+
+
+def flink_function(sql: str) -> UnsupportedSQL | None:
+    """The refusal of Flink's ``CREATE FUNCTION name AS 'class'`` (a Java class, which a
+    Python server cannot load), naming what to write instead; None for other text."""
+    match = _FLINK_FUNCTION.match(sql)
+    if match is None:
+        return None
+    return UnsupportedSQL(
+        f"CREATE FUNCTION {match.group(1)} AS '...' loads a Java class (a Flink UDF), which "
+        f"Strata cannot run: create a SQL function of the same meaning in PostgreSQL, "
+        f"{SQL_FUNCTION_FORM}, and streams inline it (docs/sql/functions/user-functions.md)"
+    )

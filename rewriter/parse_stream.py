@@ -13,7 +13,7 @@ from sqlglot.tokens import Token, TokenType
 
 from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, UnsupportedSQL
-from rewriter.flink_syntax import SessionPartition, desugar_functions
+from rewriter.flink_syntax import SessionPartition, desugar_functions, flink_function
 from rewriter.flink_syntax import read as read_flink
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
@@ -69,6 +69,8 @@ def parse_stream(sql: str) -> StreamStatement:
             "only one statement per request is accepted; this ';' ends the first",
             position=_place(sql, semicolons[0]),
         )
+    if (java := flink_function(sql)) is not None:
+        raise java
     if len(body) < 3 or body[0].token_type != TokenType.CREATE or body[1].text.upper() != "STREAM":
         wrong = body[1] if body[0].token_type == TokenType.CREATE and len(body) > 1 else body[0]
         raise InvalidSQL(

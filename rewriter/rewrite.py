@@ -2,6 +2,7 @@
 
 The passes run in order, each a pure function of its inputs:
 parse_stream -> (raw) build_archive
+             -> inline_functions (the user's SQL functions' bodies, at their calls), then
              -> (joins with tables, outer joins of 3+ streams) build_lookup, on read
                 [aggregates over streams and tables: split_join_aggregate -> a join
                  stream of the streams, and build_lookup of it joined with the tables]
@@ -38,6 +39,7 @@ from rewriter.build_views import build_views
 from rewriter.build_window_functions import build_window_query, is_window_query
 from rewriter.derived_select import check_statement
 from rewriter.errors import StrataError, UnknownSource, UnsupportedSQL
+from rewriter.inline_functions import inline_functions
 from rewriter.parse_stream import RawStreamStatement, parse_stream
 from rewriter.plan import JoinStreamPlan, StreamPlan, WindowedAggregatePlan
 from rewriter.resolve_window import resolve_window
@@ -57,6 +59,7 @@ from rewriter.split_join_inputs import (
 from rewriter.split_rollup import GatherPoint, split_rollup
 from rewriter.split_subquery import build_subquery, inner_statement, is_subquery
 from rewriter.split_top_n import split_top_n
+from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableSchema
 
 
@@ -64,12 +67,14 @@ def rewrite(
     sql: str,
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema] | None = None,
+    functions: Mapping[str, SqlFunction] | None = None,
 ) -> StreamPlan:
     """Plan a stream. ``streams`` are the existing streams, by name (the plan's sources);
     ``tables`` the PostgreSQL tables the statement names, by the name it uses
-    (rewriter.tables.referenced_names says which names to look up)."""
+    (rewriter.tables.referenced_names says which names to look up); ``functions`` the
+    user's functions it calls, by name (rewriter.sql_functions.referenced_functions)."""
     try:
-        return _rewrite(sql, streams, tables or {})
+        return _rewrite(sql, streams, tables or {}, functions or {})
     except RecursionError:
         # sqlglot and the passes walk expressions recursively: a few dozen nested
         # parentheses exhaust Python's stack before anything else is wrong.
@@ -82,10 +87,11 @@ def companion(
     sql: str,
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema] | None = None,
+    functions: Mapping[str, SqlFunction] | None = None,
 ) -> tuple[str, str, str] | None:
     """(the stream's name, its companion's name, the companion's CREATE STREAM) when
     ``sql`` is built on one stream the server creates first (the first of companions)."""
-    made = companions(sql, streams, tables)
+    made = companions(sql, streams, tables, functions)
     return None if made is None else (made[0], *made[1][0])
 
 
@@ -93,17 +99,19 @@ def companions(
     sql: str,
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema] | None = None,
+    functions: Mapping[str, SqlFunction] | None = None,
 ) -> tuple[str, list[tuple[str, str]]] | None:
     """(the stream's name, [(companion's name, its CREATE STREAM), ...]) when ``sql`` is
     built on streams the server creates first, in order, in the same transaction: the join
     of an aggregate over a join in one statement (``<name>__rows``), a subquery in FROM
     (``<name>__inner``), or the subqueries joined in FROM (``<name>__in<k>``). None for
-    other statements (and for those whose error planning them reports)."""
+    other statements (and for those whose error planning them reports). A companion's
+    statement holds the user functions' bodies inlined: it needs no functions of its own."""
     try:
         statement = parse_stream(sql)
         if isinstance(statement, RawStreamStatement):
             return None
-        select = statement.select
+        select = inline_functions(statement.select, functions or {})
         if has_subquery_inputs(select):
             assert isinstance(select, exp.Select)
             check_statement(select)
@@ -136,12 +144,15 @@ def _companion(
 
 
 def _rewrite(
-    sql: str, streams: Mapping[str, StreamPlan], tables: Mapping[str, TableSchema]
+    sql: str,
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema],
+    functions: Mapping[str, SqlFunction],
 ) -> StreamPlan:
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
-    select = statement.select
+    select = inline_functions(statement.select, functions)
     check_statement(select)
     if has_subquery_inputs(select):
         assert isinstance(select, exp.Select)

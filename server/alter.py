@@ -528,13 +528,14 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         final = inverse[built_as]
         text = rename_streams(records[built_as].sql, inverse)
         tables = catalog.stored_tables(stored.get(built_as))
-        plan = rewrite(text, current, tables)
+        functions = catalog.stored_functions(stored.get(built_as))
+        plan = rewrite(text, current, tables, functions)
         _rename_relations(connection, records[built_as].plan, plan)
         if final == name:
             version = alteration.version
         else:
             version = records[final].version if final in records else 1
-        catalog.insert_stream(connection, plan, text, tables, version=version)
+        catalog.insert_stream(connection, plan, text, tables, functions, version=version)
         catalog.move_stream_state(connection, built_as, final)
         for comment in comment_statements(plan, text):
             catalog.execute_plan_sql(connection, comment)

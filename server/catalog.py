@@ -39,6 +39,7 @@ from rewriter.plan import (
     SerialAggregatePlan,
 )
 from rewriter.resolve_window import GLOBAL_WINDOW_US
+from rewriter.sql_functions import SqlFunction, is_function_json
 from rewriter.tables import TableColumn, TableSchema
 
 # The streams a batch of runs computes something for (partial rows, mapped rows, joined
@@ -382,7 +383,7 @@ class PlanCache:
                 key = (row.name, row.sql, row.created_seq)
                 plan = self._by_sql.get(key)
                 if plan is None:
-                    plan = rewrite(row.sql, plans, _tables(row.tables))
+                    plan = rewrite(row.sql, plans, _tables(row.tables), _functions(row.tables))
                     self._by_sql[key] = plan
                 plans[row.name] = plan
                 records[row.name] = StreamRecord(
@@ -467,8 +468,21 @@ def stored_tables(stored: list[dict[str, object]] | None) -> dict[str, TableSche
     return _tables(stored)
 
 
+def stored_functions(stored: list[dict[str, object]] | None) -> dict[str, SqlFunction]:
+    """The user functions a stream was planned with, as its catalog row keeps them."""
+    return _functions(stored)
+
+
+# The ``tables`` column keeps what a stream was planned against in PostgreSQL's catalog:
+# the tables it joins, and the user functions it calls (entries of their own shape).
 def _tables(stored: list[dict[str, object]] | None) -> dict[str, TableSchema]:
-    return {t.name: t for t in map(TableSchema.from_json, stored or [])}
+    kept = (t for t in stored or [] if not is_function_json(t))
+    return {t.name: t for t in map(TableSchema.from_json, kept)}
+
+
+def _functions(stored: list[dict[str, object]] | None) -> dict[str, SqlFunction]:
+    kept = (f for f in stored or [] if is_function_json(f))
+    return {f.name: f for f in map(SqlFunction.from_json, kept)}
 
 
 def dependents(records: dict[str, StreamRecord], raw: str) -> list[ComputedPlan]:
@@ -528,15 +542,19 @@ def insert_stream(
     plan: StreamPlan,
     sql: str,
     tables: Mapping[str, TableSchema] | None = None,
+    functions: Mapping[str, SqlFunction] | None = None,
     version: int = 1,
 ) -> None:
     """Record a new stream; ``tables`` are the tables it was planned against (those it
-    joins are kept with it); ``version`` counts its definitions (server/alter.py)."""
+    joins are kept with it), ``functions`` the user functions it calls (kept with it: their
+    bodies are taken when it is created); ``version`` counts its definitions
+    (server/alter.py)."""
     joined = plan.tables if isinstance(plan, ReadJoinStreamPlan | ParallelAggregatePlan) else ()
-    kept = [tables[t].to_json() for t in joined] if tables and joined else None
+    kept = [tables[t].to_json() for t in joined] if tables and joined else []
+    kept += [f.to_json() for f in (functions or {}).values()]
     connection.execute(
         sa.insert(streams).values(
-            name=plan.name, kind=plan.kind, sql=sql, tables=kept, version=version
+            name=plan.name, kind=plan.kind, sql=sql, tables=kept or None, version=version
         )
     )
     if isinstance(plan, RawStreamPlan):

@@ -30,6 +30,7 @@ from rewriter.naming import (
 from rewriter.naming import made_with as naming_made_with
 from rewriter.plan import JoinStreamPlan
 from rewriter.rewrite import companions
+from rewriter.sql_functions import SqlFunction, referenced_functions
 from rewriter.tables import TableSchema, referenced_names
 from server import alter, catalog
 from server.catalog import PlanCache, RunRecord, StreamRecord
@@ -50,6 +51,7 @@ from server.metrics import Metrics
 from server.replication.digest import digest
 from server.sharing.runs import SharedRuns
 from server.sinks.ddl import guard_drop as guard_sinks
+from server.user_functions import read_functions
 from server.workers.backfill import backfill_progress, plan_backfill
 from server.workers.serial import serial_state
 
@@ -160,7 +162,8 @@ class StrataService:
         all in the caller's transaction."""
         existing = self.plans.load(connection)
         tables = catalog.read_tables(connection, referenced_names(text), existing)
-        made_with = companions(text, {n: r.plan for n, r in existing.items()}, tables)
+        functions = read_functions(connection, referenced_functions(text))
+        made_with = companions(text, {n: r.plan for n, r in existing.items()}, tables, functions)
         if made_with is not None:
             name, statements = made_with
             for taken in (name, *(c for c, _ in statements)):
@@ -173,7 +176,7 @@ class StrataService:
             for _, statement in statements:
                 self._create_with_companions(connection, statement)
             existing = self.plans.load(connection)
-        return self._create(connection, text, existing, tables)
+        return self._create(connection, text, existing, tables, functions)
 
     def _create(
         self,
@@ -181,12 +184,13 @@ class StrataService:
         text: str,
         existing: dict[str, StreamRecord],
         tables: dict[str, TableSchema],
+        functions: dict[str, SqlFunction],
     ) -> StreamPlan:
-        plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables)
+        plan = rewrite(text, {n: r.plan for n, r in existing.items()}, tables, functions)
         if plan.name in existing:
             raise StreamExists(f"stream {plan.name!r} already exists")
         alter.guard_create(connection, plan)
-        catalog.insert_stream(connection, plan, text, tables)
+        catalog.insert_stream(connection, plan, text, tables, functions)
         self._check_name_free(connection, plan.name)
         for statement in plan.create_statements:
             catalog.execute_plan_sql(connection, statement)

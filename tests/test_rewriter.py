@@ -25,6 +25,7 @@ from rewriter import (
 )
 from rewriter.errors import StrataError
 from rewriter.plan import ReadJoinStreamPlan
+from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableSchema
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -82,18 +83,25 @@ def _render(
 def test_golden_rewrite(path: Path) -> None:
     sections = _sections(path.read_text())
     streams: dict[str, StreamPlan] = dict(sources())
-    # Optional: the streams the input is built on, one CREATE STREAM per line, and the
-    # PostgreSQL tables it joins, one JSON TableSchema per line.
+    # Optional: the streams the input is built on, one CREATE STREAM per line, the
+    # PostgreSQL tables it joins, one JSON TableSchema per line, and the user functions it
+    # calls, one JSON SqlFunction per line.
     for statement in sections.get("sources", "").splitlines():
         made = rewrite(statement, streams)
         streams[made.name] = made
     tables = [TableSchema.from_json(json.loads(t)) for t in sections.get("tables", "").splitlines()]
-    plan = rewrite(sections["input"], streams, {t.name: t for t in tables})
+    functions = [
+        SqlFunction.from_json(json.loads(f)) for f in sections.get("functions", "").splitlines()
+    ]
+    plan = rewrite(
+        sections["input"], streams, {t.name: t for t in tables}, {f.name: f for f in functions}
+    )
     assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan)
     rendered = _render(plan)
     if os.environ.get("STRATA_UPDATE_GOLDENS"):
         text = f"-- sources\n{sections['sources']}\n" if "sources" in sections else ""
         text += f"-- tables\n{sections['tables']}\n" if "tables" in sections else ""
+        text += f"-- functions\n{sections['functions']}\n" if "functions" in sections else ""
         text += f"-- input\n{sections['input']}\n"
         text += "".join(f"-- {name}\n{text}\n" for name, text in rendered.items())
         path.write_text(text)

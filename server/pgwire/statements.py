@@ -19,6 +19,8 @@ first words:
     CREATE SINK ... / DROP SINK ...     SinkStatement (server/sinks/statement.py reads it)
     SHOW SINKS                          ShowSinks
 
+Flink's ``CREATE FUNCTION name AS 'class'`` (a Java class; never valid PostgreSQL) is
+refused, naming the SQL function to create instead (rewriter.flink_syntax).
 SUBSCRIBE [TO] name [SINCE position] follows a stream's change feed (server/feed/).
 None of the first five, nor the sinks' statements, nor DECLARE ... FOR SUBSCRIBE or COPY
 (SUBSCRIBE ...), is valid PostgreSQL, so taking them never hides a statement from
@@ -35,6 +37,7 @@ import re
 from dataclasses import dataclass
 
 from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
+from rewriter.flink_syntax import flink_function
 from server.pgwire.lexer import Piece, Token
 
 # A query string none of these words appear in holds no Strata statement: most strings
@@ -146,8 +149,10 @@ class Insert:
 
 @dataclass(frozen=True)
 class Subscribe:
-    """SUBSCRIBE [TO] name [SINCE position]: the stream's changes after ``since``, or its
-    current rows (as inserts) and every change after them."""
+    """Flink's ``CREATE FUNCTION name AS 'class'`` (a Java class; never valid PostgreSQL) is
+    refused, naming the SQL function to create instead (rewriter.flink_syntax).
+    SUBSCRIBE [TO] name [SINCE position]: the stream's changes after ``since``, or its
+        current rows (as inserts) and every change after them."""
 
     name: Name
     since: int | None
@@ -246,6 +251,8 @@ def classify(text: str, piece: Piece) -> Statement | None:
         return None
     if first.value == "create" and second.is_word("stream"):
         return CreateStream(text[first.start : tokens[-1].end], at)
+    if first.value == "create" and (java := flink_function(text[at : tokens[-1].end])):
+        raise Refused(java, at)  # never valid PostgreSQL: say what to create instead
     if first.value == "drop" and second.is_word("stream"):
         return _drop(tokens, at)
     if first.value == "alter" and second.is_word("stream"):
@@ -626,7 +633,9 @@ def _word_at(tokens: list[Token], index: int, *words: str) -> bool:
 
 
 def _subscribe(tokens: list[Token], index: int, end: int) -> Subscribe:
-    """SUBSCRIBE [TO] name [SINCE position] in ``tokens[index:end]``."""
+    """Flink's ``CREATE FUNCTION name AS 'class'`` (a Java class; never valid PostgreSQL) is
+    refused, naming the SQL function to create instead (rewriter.flink_syntax).
+    SUBSCRIBE [TO] name [SINCE position] in ``tokens[index:end]``."""
     at = tokens[index].start
     index += 1
     if _word_at(tokens, index, "to"):
