@@ -10,7 +10,8 @@ queries as their project writes them, and SQL copied from Flink's documentation)
 * ``INTERVAL '10' SECOND`` (the SQL standard's interval, which PostgreSQL also takes) is
   ``INTERVAL '10 SECOND'``;
 * ``DATE_FORMAT(t, 'yyyy-MM-dd')`` (Java's pattern letters) is
-  ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')``, ``REGEXP_EXTRACT(s, p, n)`` is
+  ``to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD')``, ``HOUR(t)`` is
+  ``extract(hour FROM t AT TIME ZONE 'UTC')``, ``REGEXP_EXTRACT(s, p, n)`` is
   ``(regexp_match(s, p))[n]`` and ``SPLIT_INDEX(s, sep, i)`` is ``split_part(s, sep, i + 1)``
   where ``s`` has the piece, else NULL (desugar_functions, on the parsed tree);
 * ``CREATE FUNCTION name AS 'class'`` (a Java class, which a Python server cannot load)
@@ -332,9 +333,13 @@ def desugar_functions(node: exp.Expr) -> exp.Expr:
     """Flink's functions with a PostgreSQL and Spark equivalent, as that equivalent (use as
     ``tree.transform(desugar_functions)``): DATE_FORMAT(t, 'yyyy-MM-dd') is
     to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD') (Flink's timestamps carry no zone; Strata's
-    are formatted in UTC); REGEXP_EXTRACT and SPLIT_INDEX as above."""
+    are formatted in UTC); HOUR(t) is extract(hour FROM t AT TIME ZONE 'UTC') (the same
+    reason); REGEXP_EXTRACT and SPLIT_INDEX as above."""
     if isinstance(node, exp.RegexpExtract):  # sqlglot's node for REGEXP_EXTRACT(...)
         return _regexp_extract(node)
+    if isinstance(node, exp.Hour):  # Flink's HOUR(t); PostgreSQL has no hour()
+        zoned = exp.AtTimeZone(this=node.this.copy(), zone=exp.Literal.string("UTC"))
+        return exp.Extract(this=exp.var("HOUR"), expression=zoned)
     if not isinstance(node, exp.Anonymous):
         return node
     if node.name.upper() == "SPLIT_INDEX":

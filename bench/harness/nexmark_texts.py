@@ -3,7 +3,7 @@ with its license) as Strata takes them: which run as written.
 
 Each file is Flink SQL: the sink (``CREATE TABLE nexmark_qN (...) WITH ('connector' =
 'blackhole')``) and ``INSERT INTO nexmark_qN <query>``, sometimes a view (``CREATE VIEW``),
-a side input (``CREATE TABLE side_input``) or a Java UDF (``CREATE FUNCTION``) before. A
+a side input (``CREATE TABLE side_input``) or a user function (``CREATE FUNCTION``) before. A
 Strata stream is the sink and the INSERT at once, so each file is read, mechanically, as:
 
 * the sink's ``CREATE TABLE nexmark_qN (...) WITH (...)`` (a blackhole, or q10's files):
@@ -16,7 +16,10 @@ Strata stream is the sink and the INSERT at once, so each file is read, mechanic
   stream);
 * any other ``CREATE TABLE``: a source, a PostgreSQL table (q13's side input, whose DDL is
   adapted in its file);
-* ``CREATE FUNCTION``: a Java class, which Strata cannot load: the query is refused.
+* ``CREATE FUNCTION name(...) ... RETURN <expression>``: a PostgreSQL SQL function (q14's,
+  adapted in its file from the Java class Nexmark names), created before the streams,
+  which inline it; Flink's ``CREATE FUNCTION name AS 'class'`` (a Java class, which Strata
+  cannot load) refuses the query, with Strata's message.
 
 Nothing else of the text changes: the query runs as written or is refused, with Strata's
 message. The sources are bench/nexmark_queries/ddl_strata.sql (the adapted source DDL).
@@ -30,8 +33,10 @@ from pathlib import Path
 
 from rewriter import rewrite
 from rewriter.errors import StrataError
+from rewriter.flink_syntax import flink_function
 from rewriter.plan import StreamPlan
 from rewriter.rewrite import companions
+from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableColumn, TableSchema
 
 TEXTS = Path(__file__).resolve().parents[1] / "nexmark_queries"
@@ -44,6 +49,13 @@ VIEW = re.compile(r"CREATE\s+VIEW\s+(\w+)\s+AS\s+", re.I)
 TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)\s*\((.*)\)\s*$", re.I | re.S)
 STAR = re.compile(r"\s*SELECT\s+\*", re.I)
 FUNCTION = re.compile(r"CREATE\s+(?:TEMPORARY\s+)?FUNCTION\s+(\w+)", re.I)
+# A SQL function as q14 writes it: CREATE FUNCTION name(arg type, ...) RETURNS type
+# LANGUAGE sql <volatility> RETURN <expression>.
+SQL_FUNCTION = re.compile(
+    r"CREATE\s+FUNCTION\s+(\w+)\s*\((.*?)\)\s+RETURNS\s+(\w+)\s+LANGUAGE\s+(\w+)\s+"
+    r"(IMMUTABLE|STABLE|VOLATILE)\s+(RETURN\s.*)$",
+    re.I | re.S,
+)
 SIDE_INPUT_KEYS = 10_000
 
 
@@ -56,6 +68,7 @@ class Text:
     streams: tuple[str, ...]  # CREATE STREAM statements, in order; the last is ``stream``
     tables: tuple[str, ...]  # PostgreSQL statements: the sources that are tables
     refused: str | None  # why Strata cannot take the file at all, if it cannot
+    functions: tuple[str, ...] = ()  # PostgreSQL statements: the SQL functions it calls
 
 
 def statements(text: str) -> list[str]:
@@ -101,6 +114,7 @@ def read(query: str) -> Text:
     sink = f"nexmark_{query}"
     streams: list[str] = []
     tables: list[str] = []
+    functions: list[str] = []
     refused = None
     columns: list[str] = []
     for statement in statements(text):
@@ -113,16 +127,16 @@ def read(query: str) -> Text:
             streams.append(f"CREATE STREAM {insert.group(1)}{named} AS {query}")
         elif (view := VIEW.match(statement)) is not None:
             streams.append(f"CREATE STREAM {view.group(1)} AS {statement[view.end() :]}")
-        elif (function := FUNCTION.match(statement)) is not None:
-            refused = (
-                f"CREATE FUNCTION {function.group(1)} loads a Java class (a Flink UDF): Strata "
-                "runs SQL, and PostgreSQL's and Spark's built-in functions"
-            )
+        elif FUNCTION.match(statement) is not None:
+            if (java := flink_function(statement)) is not None:
+                refused = str(java)
+            else:
+                functions.append(statement)
         elif TABLE.match(statement):
             tables.append(statement.replace("`", '"'))
         else:
             raise ValueError(f"{query}: a statement the harness does not read: {statement[:60]}")
-    return Text(query, sink, tuple(streams), tuple(tables), refused)
+    return Text(query, sink, tuple(streams), tuple(tables), refused, tuple(functions))
 
 
 def _sink_columns(statement: str) -> list[str]:
@@ -169,6 +183,25 @@ def _schema(statement: str) -> TableSchema:
     return TableSchema(name, tuple(columns), key)
 
 
+def _function(statement: str) -> SqlFunction:
+    """What the server reads of a SQL function from pg_proc, read from its CREATE FUNCTION."""
+    match = SQL_FUNCTION.match(statement)
+    if match is None:
+        raise ValueError(f"a CREATE FUNCTION the harness does not read: {statement[:60]}")
+    name, arguments, result, language, volatility, body = match.groups()
+    return SqlFunction(
+        name=name.lower(),
+        arguments=tuple(
+            (a.split()[0].lower(), a.split()[1].lower()) for a in arguments.split(",") if a
+        ),
+        result=result.lower(),
+        language=language.lower(),
+        volatility=volatility.lower(),
+        returns_set=False,
+        body=body,
+    )
+
+
 def plan(text: Text) -> str | None:
     """Plan the query's streams as the server would (companions first), without a server:
     None when every statement plans, else Strata's message."""
@@ -179,12 +212,13 @@ def plan(text: Text) -> str | None:
         made = rewrite(statement, streams)
         streams[made.name] = made
     tables = {s.name: s for s in (_schema(t) for t in text.tables)}
+    functions = {f.name: f for f in map(_function, text.functions)}
 
     def create(statement: str) -> None:
-        made = companions(statement, streams, tables)
+        made = companions(statement, streams, tables, functions)
         for _, inner in made[1] if made else []:
             create(inner)
-        planned = rewrite(statement, streams, tables)
+        planned = rewrite(statement, streams, tables, functions)
         streams[planned.name] = planned
 
     try:

@@ -5,7 +5,11 @@
 -- Illustrates duplicate expressions and usage of user-defined-functions.
 -- -------------------------------------------------------------------------------------------------
 
-CREATE FUNCTION count_char AS 'com.github.nexmark.flink.udf.CountChar';
+-- Strata: count_char is a SQL function of the meaning of the Java class Nexmark names,
+-- com.github.nexmark.flink.udf.CountChar (the occurrences of a character in a string, 0
+-- for a NULL string), which Strata cannot load.
+CREATE FUNCTION count_char(s text, c text) RETURNS bigint LANGUAGE sql IMMUTABLE
+RETURN coalesce(length(s) - length(replace(s, c, '')), 0);
 
 CREATE TABLE nexmark_q14 (
     auction BIGINT,
