@@ -99,7 +99,8 @@ def _expanded(
             position=at,
         )
     body = _body(function, at)
-    arguments = list(call.expressions)
+    # The arguments' own calls belong to the caller; the body's to this function.
+    arguments = [_inline(a, functions, calling) for a in call.expressions]
     if len(arguments) != len(function.arguments):
         raise UnsupportedSQL(
             f"{name}() takes {len(function.arguments)} argument"
@@ -129,16 +130,17 @@ def _expanded(
             )
         return node
 
-    for node in body.walk():
+    for node in body.walk():  # errors in the body point at the call
         for key in _POSITION_KEYS:
             node.meta.pop(key, None)
         node.meta.update({k: call.meta[k] for k in _POSITION_KEYS if k in call.meta})
+    body = _inline(body, functions, (*calling, name))
     inlined = exp.Cast(
         this=exp.Paren(this=body.transform(substitute, copy=False)),
         to=exp.DataType.build(function.result, dialect="postgres"),
     )
     inlined.meta.update({k: call.meta[k] for k in _POSITION_KEYS if k in call.meta})
-    return _inline(inlined, functions, (*calling, name))
+    return inlined
 
 
 def _body(function: SqlFunction, at: tuple[int, int] | None) -> exp.Expr:
