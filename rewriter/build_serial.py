@@ -10,6 +10,14 @@ archive for materialized windows, except those late data has touched since (list
 the corrections table until the repair worker recomputes them), and computes every other
 window on read. Each window is either archived or computed, never both, in every snapshot:
 the view is exact at every instant, and fast over history.
+
+The two branches computed on read are skipped outright when they cannot have a row, by
+conditions on the query's bounds alone, which PostgreSQL checks once (a one-time filter)
+before it runs the branch: windows awaiting repair only when some are listed; windows not
+materialized yet only when the source has a window that starts at or after the end of
+the materialized ones. Without that, a read while late partial rows wait for the reducer
+would merge every touched window of the source on read only to drop it by the bound on
+the source's time (``window_start + size`` there, which no index of the source serves).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from rewriter.derived_select import check_shown_time, output_name
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import (
     OutputColumn,
+    ParallelAggregatePlan,
     RawStreamPlan,
     SerialAggregatePlan,
     SerialStatements,
@@ -82,6 +91,34 @@ def _shifted(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
         if output is not None and output.role == "window_end":
             return exp.Add(this=bound, expression=_interval(source.window_size_us))
     return bound
+
+
+def _source_reaches(window: WindowSpec, bound: exp.Expr) -> exp.Expr | None:
+    """Whether the source has a window starting at or after ``bound``, from the newest
+    window start of its partial archive and of its consolidated table (each one step of
+    the index on the window start): every row of its view comes from one of the two, and
+    a HOP window starts at or before its panes, which the partial archive keeps. None for
+    other sources, where the view's bound on the time column decides alone."""
+    source = window.source
+    if not isinstance(source, ParallelAggregatePlan) or source.tables:
+        return None
+    output = source.output(window.time_column)
+    if output is None or output.role not in (
+        naming.WINDOW_START_COLUMN,
+        naming.WINDOW_END_COLUMN,
+    ):
+        return None
+    newest = [
+        exp.select(exp.Max(this=exp.column(naming.WINDOW_START_COLUMN))).from_(table(name))
+        for name in (
+            naming.partial_archive_table(source.name),
+            naming.consolidated_table(source.name),
+        )
+    ]
+    return exp.GTE(
+        this=exp.Greatest(this=newest[0].subquery(), expressions=[newest[1].subquery()]),
+        expression=bound,
+    )
 
 
 def _bounds(stream: exp.Expr) -> exp.Expr:
@@ -287,15 +324,22 @@ def build_serial(
     # source as parameters of a LATERAL subquery, so a range of the source's time column
     # (an index condition on the source's consolidated table) and not a filter of every
     # source row: a materialized range never touches the source.
+    # Each branch also has a condition on the bounds alone (see the module docstring):
+    # PostgreSQL checks it once and skips the branch when it is false.
     bounds = _bounds(stream)
     after = exp.column("until", table="bounds")
-    fresh = _and_where(per_window, _source_from(window, after))
+    reaches = _source_reaches(window, after.copy())
+    fresh = _and_where(
+        per_window,
+        exp.and_(_source_from(window, after), *([reaches] if reaches is not None else [])),
+    )
     repaired = _and_where(
         per_window,
         exp.and_(
             *_listed_windows(window),
             _source_before(window, after.copy()),
             _in_windows(start.copy(), exp.column("corrected", table="bounds")),
+            exp.not_(exp.Is(this=exp.column("lowest", table="bounds"), expression=exp.Null())),
         ),
     )
     view: exp.Query = exp.union(
