@@ -1,7 +1,7 @@
 """Benchmark of a dashboard: the queries a dashboard sends to Strata's views, caught up and
 with late data waiting, against the same queries over plain tables of the views' rows.
 
-    python -m bench.dashboard [--hours 24] [--groups 1000] [--repeat 5]
+    python -m bench.dashboard [--hours 24] [--groups 1000] [--repeat 5] [--explain DIR]
 
 What it does, in one process:
 
@@ -31,6 +31,10 @@ What it does, in one process:
    plain table (median of ``--repeat`` after one untimed run); both must give identical
    rows, or the benchmark fails.
 
+With ``--explain DIR``, each phase also writes EXPLAIN (ANALYZE, BUFFERS) of every query
+on the view to DIR (``<phase>-<view>-<query>.txt``, after the timed runs): the evidence of
+where a view's time goes.
+
 Prints a table of the medians and their ratios. The goals: at most 1.5 times the plain
 table caught up and folded, at most 3 times with late data waiting; missing them does not
 fail.
@@ -41,10 +45,12 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 
@@ -380,7 +386,15 @@ def plain_tables(conn: psycopg.Connection) -> None:
         conn.execute(f"ANALYZE {plain}")  # type: ignore[arg-type]
 
 
-def time_queries(conn: psycopg.Connection, phase: str, span: Span, repeat: int) -> list[Timed]:
+def explain(conn: psycopg.Connection, sql: str, path: Path) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of ``sql``, written to ``path``."""
+    rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}").fetchall()  # type: ignore[arg-type]
+    path.write_text("".join(f"{row[0]}\n" for row in rows))
+
+
+def time_queries(
+    conn: psycopg.Connection, phase: str, span: Span, repeat: int, explained: Path | None = None
+) -> list[Timed]:
     plain_tables(conn)
     timed = []
     for query in QUERIES:
@@ -391,11 +405,17 @@ def time_queries(conn: psycopg.Connection, phase: str, span: Span, repeat: int) 
         if not view.result:
             raise BenchError(f"{phase}, {query.name}: no rows")
         timed.append(Timed(phase, query, view, plain))
+        if explained is not None:
+            name = re.sub(r"\W+", "-", f"{phase} {query.view} {query.name}").strip("-")
+            explain(conn, span.sql(query, query.view), explained / f"{name}.txt")
     return timed
 
 
 def run_benchmark(args: argparse.Namespace) -> list[Result]:
     span = Span(args.hours)
+    explained = args.explain
+    if explained is not None:
+        explained.mkdir(parents=True, exist_ok=True)
     with (
         scratch_database("strata-bench-dashboard-") as database,
         psycopg.connect(database.url, autocommit=True) as conn,
@@ -411,17 +431,17 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
         vacuum(conn)
         catch_up(conn, database.url)
         print(f"caught up: {shape(conn, plans)}")
-        timings = time_queries(conn, "caught up", span, args.repeat)
+        timings = time_queries(conn, "caught up", span, args.repeat, explained)
         slices = add_late_runs(conn, plans, span, args.groups)
         print(f"late runs for slices {slices}: {shape(conn, plans)}")
-        timings += time_queries(conn, "late", span, args.repeat)
+        timings += time_queries(conn, "late", span, args.repeat, explained)
         settled = fold_late_runs(conn, database.url, plans)
         print(
             f"repaired {settled.serial:.2f} s, folded {settled.every_view:.2f} s after the "
             f"wake: {shape(conn, plans)}"
         )
         vacuum(conn)
-        timings += time_queries(conn, "folded", span, args.repeat)
+        timings += time_queries(conn, "folded", span, args.repeat, explained)
     print(f"{args.hours} hours x {args.groups} campaigns, medians of {args.repeat}")
     print(
         f"late runs' commit to caught-up reads: serial view {settled.serial:.2f} s, "
@@ -508,6 +528,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--hours", type=int, default=24, help="hours of event time (24)")
     parser.add_argument("--groups", type=int, default=1000, help="campaigns (1000)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per query (5)")
+    parser.add_argument(
+        "--explain",
+        type=Path,
+        metavar="DIR",
+        help="write EXPLAIN (ANALYZE, BUFFERS) of each query on the view, per phase, to DIR",
+    )
     return parser
 
 
