@@ -206,7 +206,7 @@ COUNT_CHAR = (
 # A function of the other spelling (AS $$ SELECT ... $$), over a number and a function.
 SCALED = (
     "CREATE FUNCTION {g}(x numeric, s text) RETURNS numeric LANGUAGE sql IMMUTABLE "
-    "AS $$ SELECT coalesce($1, 0) * 2 + {f}(s, 'a') $$"
+    "AS $$ SELECT $1 * 2 + {f}(s, 'a') $$"
 )
 
 
@@ -309,11 +309,11 @@ def test_views_calling_a_function_equal_postgresqls_calls_of_it(
     strata.create(BID.replace("STREAM bid", f"STREAM {raw}"))
     strata.create(
         f"CREATE STREAM {agg} AS SELECT {f}(extra, 'b') AS b_count, count(*) AS n, "
-        f"sum({g}(price, extra)) AS scaled, max({f}(extra, 'a')) AS most_a, window_end "
+        f"sum({g}(price - 1, extra)) AS scaled, max({f}(extra, 'a')) AS most_a, window_end "
         f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY {f}(extra, 'b'), window_end"
     )
     strata.create(
-        f"CREATE STREAM {rows} AS SELECT auction, {f}(extra, 'c'), {g}(price, extra) AS s, t "
+        f"CREATE STREAM {rows} AS SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra) AS s, t "
         f"FROM {raw}"
     )
     order.shuffle(runs)
@@ -325,11 +325,11 @@ def test_views_calling_a_function_equal_postgresqls_calls_of_it(
     same(
         strata,
         f"SELECT b_count, n, scaled, most_a, window_end FROM {agg}",
-        f"SELECT {f}(extra, 'b'), count(*), sum({g}(price, extra)), max({f}(extra, 'a')), "
+        f"SELECT {f}(extra, 'b'), count(*), sum({g}(price - 1, extra)), max({f}(extra, 'a')), "
         f"{window} FROM {raw} GROUP BY {f}(extra, 'b'), {window}",
     )
     same(
         strata,
         f"SELECT auction, {f}, s, t FROM {rows}",
-        f"SELECT auction, {f}(extra, 'c'), {g}(price, extra), t FROM {raw}",
+        f"SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra), t FROM {raw}",
     )
