@@ -23,6 +23,7 @@ from rewriter.inline_functions import inline_functions
 from rewriter.plan import StreamPlan
 from rewriter.sql_functions import SqlFunction, referenced_functions
 from server.catalog import PlanCache
+from server.workers.swapper import Swapper
 from tests.conftest import Strata, examples
 from tests.oracle import START, at, execute, late_runs, ndjson, same, with_a_late_run
 
@@ -241,6 +242,17 @@ def test_a_function_made_through_the_sql_port_is_taken_when_the_stream_is_create
         running = strata.service.plans.load(connection)["letters"].plan
     assert at_start == running
     assert "REPLACE(" in running.create_statements[0]  # type: ignore[attr-defined]
+    # ALTER STREAM reads the functions anew (and its swap keeps them with the stream).
+    altered = f"ALTER STREAM letters AS SELECT auction, {f}(extra, 'c') + 1 AS n FROM bid"
+    assert strata.client.post("/streams", json={"sql": altered}).status_code in (200, 202)
+    Swapper(strata.service.engine, strata.service.plans).run_once()
+    with psycopg.connect(strata.database_url) as connection:
+        assert connection.execute("SELECT n FROM letters").fetchall() == [(1,)]
+    with strata.service.engine.connect() as connection:
+        assert (
+            PlanCache().load(connection)["letters"].plan
+            == strata.service.plans.load(connection)["letters"].plan
+        )
     execute(
         strata,
         "CREATE FUNCTION loose(s text) RETURNS bigint LANGUAGE plpgsql IMMUTABLE "
