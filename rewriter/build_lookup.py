@@ -598,11 +598,15 @@ def _aggregate(
     view = select.copy()
     items = []
     columns = []
+    read_keys = [k.sql("postgres") for k in group_keys]
     for item in select.expressions:
         output = naming.check_column_name(output_name(item), window_names=True)
         expression = item.this if isinstance(item, exp.Alias) else item
         items.append(exp.alias_(translate(expression), output, quoted=True))
-        columns.append(_aggregate_column(output, expression, owners, stream, by_call))
+        column = _aggregate_column(output, expression, owners, stream, by_call)
+        if expression.sql("postgres") in read_keys:  # a row's key, as the feed shows it
+            column = dataclasses.replace(column, role="group", ref=expression.sql("postgres"))
+        columns.append(column)
     view.set("expressions", items)
     view.set("where", exp.Where(this=exp.and_(*map(translate, kept))) if kept else None)
     view.set(
@@ -627,6 +631,7 @@ def _aggregate(
         create_statements=(*tables, create_view(name, view)),
         outputs=tuple(columns),
         tables=tuple(e.schema.name for e in inputs if isinstance(e, _Table)),
+        read_keys=tuple(read_keys),
         parallelism_reason=(
             f"aggregates pushed below the join with {joined}: partials per run, window and "
             f"join columns of {stream.plan.name!r} in Spark; the table joined and the "

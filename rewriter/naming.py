@@ -250,3 +250,11 @@ def join_view(stream: str) -> str:
     """Spark temporary view of the rows a batch adds to a join stream (input of the
     streams built on it)."""
     return f"strata_joined_{stream}"
+
+
+# ---- the change feed ---------------------------------------------------------------------
+
+# The statement trigger on a PostgreSQL table a followed stream joins (one per table,
+# whichever streams join it), and the function it runs (sql/005_feed.sql).
+FEED_TABLE_TRIGGER = "strata_feed_table_changed"
+TABLE_CHANGED_FUNCTION = "strata_table_changed"

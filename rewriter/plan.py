@@ -52,8 +52,9 @@ class OutputColumn:
     """A column of a derived stream's view, and what it is (streams built on it need to know).
 
     ``role`` is "window_start", "window_end", "key" (``ref`` = the key column of the partial
-    archive), "aggregate" (``ref`` = the aggregate's index: the column is exactly its final
-    form) or "expression" (anything else, computed from final values).
+    archive), "group" (a GROUP BY item computed on read, from a table joined there; ``ref`` =
+    the item as PostgreSQL SQL), "aggregate" (``ref`` = the aggregate's index: the column is
+    exactly its final form) or "expression" (anything else, computed from final values).
     """
 
     name: str
@@ -140,6 +141,8 @@ class ParallelAggregatePlan(WindowedAggregatePlan):
     # PostgreSQL tables the view joins on read (aggregates over a stream-table join): the
     # partials are kept per window and the stream's join columns, the table joined on read.
     tables: tuple[str, ...] = ()
+    # Its GROUP BY items computed on read (from those tables), as PostgreSQL SQL.
+    read_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

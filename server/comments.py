@@ -41,7 +41,7 @@ def describe(plan: WindowedAggregatePlan, output: OutputColumn) -> str:
         return f"window start ({plan.window})"
     if output.role == "window_end":
         return f"window end ({plan.window})"
-    if output.role == "key":
+    if output.role in ("key", "group"):
         return "group key"
     if output.role == "aggregate" and isinstance(plan, ParallelAggregatePlan) and output.ref:
         rule = plan.aggregates[int(output.ref)].rule

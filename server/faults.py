@@ -30,6 +30,8 @@ step's transaction with its work written and not yet committed:
   record is not written yet: the batch will be sent again (server/sinks/kafka.py);
 - ``sink_delivered``: a sink's batch is in its target (committed there, or answered 2xx by
   a webhook) and this server has not noted it yet (server/sinks/worker.py);
+- ``feed_table``: the change feed has appended what a table joined by the stream ``key``
+  changed (cause ``table``), not committed (server/feed/record.py);
 - ``replace_rows``: a cluster node has put the rows the cluster chose in place of its own
   rows of a run in conflict, and computed its streams again; ``key`` is the run id
   (server/replication/replace.py).
@@ -89,6 +91,7 @@ WORKER_PHASES = (
     "backfill_chunk",
     "alter_swap",
     "replace_rows",
+    "feed_table",
     "sink_write",
     "sink_produce",
     "sink_progress",

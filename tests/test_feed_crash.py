@@ -7,20 +7,29 @@ from __future__ import annotations
 
 import random
 import signal
+import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tests.crash import arm, disarm, fired
 from tests.test_e2e import Server
-from tests.test_feed import RAW, Subscriber, assert_positions, run_body, view_rows
+from tests.test_feed import RAW, START, Subscriber, assert_positions, run_body, view_rows
 
 pytestmark = pytest.mark.e2e
 
 PER_MINUTE = (
     "CREATE STREAM agg AS SELECT k, count(*) AS c, sum(v) AS s, window_end AS w "
     "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_end"
+)
+# Joins the user's table dim on read: its feed follows dim's changes too.
+BY_OWNER = (
+    "CREATE STREAM tagg AS SELECT d.owner, sum(e.v) AS s, window_end AS w "
+    "FROM TUMBLE(ev, t, INTERVAL '10 minutes') e JOIN dim d ON d.k = e.k "
+    "GROUP BY d.owner, window_end"
 )
 
 
@@ -83,6 +92,63 @@ def test_kill_server_mid_stream_then_resume(tmp_path: Path) -> None:
         last = assert_positions(server.database_url, subscriber)
         assert subscriber.rows == view_rows(server.database_url, "agg", ("w", "k"))
         assert last == len(subscriber.changes) and last >= 12
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+        server.close()
+
+
+def test_kill_server_while_a_table_change_is_announced(tmp_path: Path) -> None:
+    """kill -9 inside the transaction that announces a change of a joined table (cause
+    ``table``): after the restart, a subscriber resuming from its position gets the
+    table's changes once, and its rows are the view's and a Python model's of the runs
+    sent and the table's rows."""
+    sent = {"r0": [("a", 1, 60), ("b", 2, 60)], "r1": [("a", 3, 700), ("c", 4, 3600)]}
+    owners = {"a": "o1", "b": "o2", "c": "o1"}
+    server = Server(tmp_path / "data")
+    subscriber: Subscriber | None = None
+    try:
+        arm(server, "feed_table:server:tagg")
+        server.start()
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            assert client.post("/streams", json={"sql": RAW.format(ev="ev")}).status_code == 201
+            with psycopg.connect(server.database_url, autocommit=True) as connection:
+                connection.execute("CREATE TABLE dim (k text PRIMARY KEY, owner text)")
+                for k, owner in owners.items():
+                    connection.execute("INSERT INTO dim VALUES (%s, %s)", (k, owner))
+            assert client.post("/streams", json={"sql": BY_OWNER}).status_code == 201
+        for run_id, rows in sent.items():
+            assert _post(server, run_id, run_body(rows))
+        subscriber = Subscriber(server.url, "tagg")
+        subscriber.wait_for(0)
+        with psycopg.connect(server.database_url, autocommit=True) as connection:
+            connection.execute("UPDATE dim SET owner = 'o3' WHERE k = 'a'")  # the ledger's
+        owners["a"] = "o3"
+        # The subscriber's next poll announces the change, and the server dies inside it.
+        assert server.process is not None and server.process.wait(60) == -signal.SIGKILL
+        strike = fired(server, "feed_table", "tagg")
+        assert subscriber.position < min(strike["in_flight"]["changes"])
+        subscriber.close()
+        disarm(server)
+        server.start()
+        subscriber = Subscriber(server.url, "tagg", since=subscriber.position, rows=subscriber.rows)
+        deadline = time.monotonic() + 30
+        while len(subscriber.changes) < len(strike["in_flight"]["changes"]):
+            assert time.monotonic() < deadline, subscriber.changes
+            time.sleep(0.1)
+        last = assert_positions(server.database_url, subscriber)
+        assert {c["cause"] for c in subscriber.changes} == {"table"}
+        assert last == len(strike["in_flight"]["changes"])
+        assert subscriber.rows == view_rows(server.database_url, "tagg", ("w", "owner"))
+        model: dict[tuple[str, str], int] = {}
+        for rows in sent.values():
+            for k, v, s in rows:
+                end = (START + timedelta(seconds=s - s % 600 + 600)).isoformat()
+                model[owners[k], end] = model.get((owners[k], end), 0) + v
+        assert {
+            (r["owner"], datetime.fromisoformat(r["w"]).isoformat()): int(r["s"])
+            for r in subscriber.rows.values()
+        } == model
     finally:
         if subscriber is not None:
             subscriber.close()

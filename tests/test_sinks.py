@@ -423,6 +423,67 @@ def test_sinks_deliver_every_change_once_through_kills(
 # ---- the rest -----------------------------------------------------------------------------
 
 
+def test_a_postgres_sink_follows_a_stream_joining_a_table(
+    module_strata: Strata, target: Target
+) -> None:
+    """A stream joining the user's table on read: its sink's table is the view, and the
+    batch query of plain PostgreSQL over the raw rows and the table, after runs and after
+    the table changes (keyed by the owner the table gives); one that hides that key is
+    refused."""
+    strata = module_strata
+    n = next(NAMES)
+    ev, dim, agg = f"ev_t{n}", f"dim_t{n}", f"owners_t{n}"
+    strata.create(RAW.format(ev=ev))
+    execute(strata, f"CREATE TABLE {dim} (k text PRIMARY KEY, owner text)")
+    execute(strata, f"INSERT INTO {dim} VALUES ('a', 'o1'), ('b', 'o2'), ('c', 'o1')")
+    joined = (
+        f"FROM TUMBLE({ev}, t, INTERVAL '10 minutes') e JOIN {dim} d ON d.k = e.k "
+        "GROUP BY d.owner, window_end"
+    )
+    strata.create(
+        f"CREATE STREAM {agg} AS SELECT d.owner, count(*) AS c, sum(e.v) AS s, "
+        f"window_end AS w {joined}"
+    )
+    strata.create(f"CREATE STREAM hidden_t{n} AS SELECT count(*) AS c, window_end AS w {joined}")
+    oracle = (
+        "SELECT d.owner, count(*)::bigint, sum(e.v), date_bin('10 minutes', e.t, "
+        f"timestamptz 'epoch') + interval '10 minutes' FROM {ev} e JOIN {dim} d "
+        "ON d.k = e.k GROUP BY 1, 4"
+    )
+    strata.ingest(ev, run_body([("a", 1, 60), ("b", 2, 60), ("c", 3, 4000)]), run_id=f"{ev}-0")
+    created = strata.client.post(
+        "/streams",
+        json={
+            "sql": f"CREATE SINK pg_{agg} FROM {agg} WITH (connector = 'postgres', "
+            f"url = '{target.url}', table = 'owners_{n}')"
+        },
+    )
+    assert created.status_code == 201, created.text
+    hidden = strata.client.post(
+        "/streams",
+        json={
+            "sql": f"CREATE SINK pg_hidden_t{n} FROM hidden_t{n} WITH (connector = 'postgres', "
+            f"url = '{target.url}', table = 'hidden_{n}')"
+        },
+    )
+    assert hidden.status_code == 400 and "every GROUP BY column" in hidden.text, hidden.text
+    worker = SinkWorker(strata.service.engine, strata.service.plans, batch=4, timeout=5)
+    catch_up(strata, worker, agg)
+    assert target.rows(f"owners_{n}") == table_rows(strata, agg)
+    for change in (
+        f"UPDATE {dim} SET owner = 'o3' WHERE k = 'a'",
+        f"DELETE FROM {dim} WHERE k = 'b'",
+        f"INSERT INTO {dim} VALUES ('d', 'o2')",
+    ):
+        execute(strata, change)
+        strata.ingest(ev, run_body([("d", 4, 90), ("a", 5, 30)]), run_id=f"{ev}-{change[:6]}")
+        worker.run_once()
+        catch_up(strata, worker, agg)
+        assert target.rows(f"owners_{n}") == table_rows(strata, agg)
+        assert table_rows(strata, agg) == sorted(strata.query(oracle), key=str)
+    assert strata.client.post("/streams", json={"sql": f"DROP SINK pg_{agg}"}).status_code == 200
+
+
 def test_refusals_name_what_they_refuse(module_strata: Strata, target: Target) -> None:
     strata = module_strata
     n = next(NAMES)

@@ -42,8 +42,9 @@ from tests.conftest import Strata, new_database, strata_client
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
 PREVIOUS_RELEASE_HEAD = "0006"
 
-# Functions a migration after the last release created (0010: granting the reader a view).
-ADDED_SINCE_PREVIOUS_RELEASE = {"strata_grant_reader(regclass)"}
+# Functions added since the last release: 0010's granting the reader a view, and the
+# change feed's trigger on the tables streams join (sql/005_feed.sql, installed at start).
+ADDED_SINCE_PREVIOUS_RELEASE = {"strata_grant_reader(regclass)", "strata_table_changed()"}
 
 # Written by 0.1.0 (tests/fixtures/releases/make_v0_1_0.py).
 V0_1_0 = Path(__file__).resolve().parent / "fixtures" / "releases" / "v0.1.0.sql"

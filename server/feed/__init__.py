@@ -23,6 +23,12 @@ took the last position. Three things keep it:
   followed until it is dropped; positions then resume exactly, as far back as
   ``feed_retention`` keeps changes (410 beyond, with the oldest position kept).
 
+A stream joining PostgreSQL tables on read changes when a table does, in a user's
+transaction: a trigger counts those changes (server/feed/tables.py), and the feed compares
+the whole view when the count moves (cause ``table``), at a subscriber's poll or before a
+run of the stream's sources commits (and again after a commit's own announcement, for a
+table change committed meanwhile).
+
 An ALTER swapped by the swapper is announced in the swap's transaction (cause ``alter``);
 one swapped at once (an ALTER that reuses the archives) is announced by the next
 transaction that touches the feed: a run's commit or a subscriber's poll. A stream that is
@@ -39,6 +45,7 @@ from server.feed.read import Change, Feed, open_feed
 from server.feed.record import (
     follow,
     follow_definitions,
+    follow_tables,
     record_repair,
     recording,
     refusal,
@@ -49,6 +56,7 @@ __all__ = [
     "Feed",
     "follow",
     "follow_definitions",
+    "follow_tables",
     "open_feed",
     "record_repair",
     "recording",

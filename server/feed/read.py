@@ -12,12 +12,14 @@ from psycopg import sql
 
 from server.catalog import PlanCache
 from server.errors import NoFeed, PositionGone, UnknownStream
+from server.feed import tables
 from server.feed.record import (
     CHANGES,
     FEEDS,
     ROWS,
     follow,
     follow_definitions,
+    follow_tables,
     redefined,
     refusal,
 )
@@ -68,6 +70,10 @@ class Feed:
                 connection.rollback()
                 with connection.begin():
                     follow_definitions(connection, self.plans)
+            if tables.moved(_driver(connection), self.name):  # a table it joins changed
+                connection.rollback()
+                with connection.begin():
+                    follow_tables(connection, self.plans, [self.name])
             rows = (
                 _driver(connection)
                 .execute(

@@ -6,6 +6,7 @@ package docstring for the invariant): a run's commit (``recording``), a serial r
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -21,11 +22,14 @@ from psycopg import sql
 
 from rewriter.naming import CATALOG_SCHEMA, PUBLIC_SCHEMA
 from rewriter.plan import ParallelAggregatePlan, RawStreamPlan, SerialAggregatePlan, StreamPlan
-from server import catalog
+from server import catalog, faults
 from server.catalog import PlanCache, StreamRecord, lineage, through_join
-from server.errors import Unavailable
+from server.errors import NoFeed, Unavailable
+from server.feed import tables
 from server.ingest.progress import micros, moment
 from server.workers import serial  # a module: serial repairs call back into this one
+
+log = logging.getLogger(__name__)
 
 FEEDS = sql.Identifier(CATALOG_SCHEMA, "feeds")
 ROWS = sql.Identifier(CATALOG_SCHEMA, "feed_rows")
@@ -47,11 +51,6 @@ def refusal(plan: StreamPlan) -> str | None:
             f"the change feed follows aggregate streams (CREATE STREAM ... AS SELECT ... "
             f"GROUP BY ...); {plan.name!r} is a {plan.kind} stream of another kind"
         )
-    if isinstance(plan, ParallelAggregatePlan) and plan.tables:
-        return (
-            f"{plan.name!r} joins PostgreSQL tables on read, whose changes Strata does not "
-            "see: the change feed cannot follow it"
-        )
     return None
 
 
@@ -69,7 +68,7 @@ class ViewShape:
     @classmethod
     def of(cls, plan: FollowedPlan) -> ViewShape:
         windows = [o for o in plan.outputs if o.role in ("window_start", "window_end")]
-        keys = [o.name for o in plan.outputs if o.role == "key"]
+        keys = [o.name for o in plan.outputs if o.role in ("key", "group")]
         first = windows[0] if windows else None
         return cls(
             stream=plan.name,
@@ -98,6 +97,10 @@ class Followed:
     created_seq: int | None
     current_seq: int
     version: int
+    # The oids of the tables its view joins on read, and the sum of their versions its
+    # announced rows hold (server/feed/tables.py); None where it joins none.
+    tables: list[int] | None
+    tables_version: int | None
     # A stream back-filling (created again under a followed name) changes its view with
     # every chunk, unannounced: it is left alone until done, then announced whole.
     backfilling: bool = False
@@ -132,7 +135,8 @@ def _lock(driver: psycopg.Connection[Any], names: list[str] | None) -> dict[str,
     read them with their stream's current creation."""
     query = sql.SQL(
         "SELECT f.stream, f.position, f.pruned_through, f.created_seq, s.created_seq, "
-        "s.version, EXISTS (SELECT FROM {} b WHERE b.stream = f.stream "
+        "s.version, f.tables, f.tables_version, EXISTS (SELECT FROM {} b "
+        "WHERE b.stream = f.stream "
         "AND b.finished_at IS NULL) FROM {} f JOIN {} s ON s.name = f.stream {} "
         "ORDER BY f.stream FOR UPDATE OF f"
     ).format(
@@ -146,10 +150,14 @@ def _lock(driver: psycopg.Connection[Any], names: list[str] | None) -> dict[str,
 
 
 def _view_rows(
-    driver: psycopg.Connection[Any], shape: ViewShape, windows: list[datetime] | None
+    driver: psycopg.Connection[Any],
+    shape: ViewShape,
+    windows: list[datetime] | None,
+    outside: bool = False,
 ) -> dict[str, _Row]:
-    """The view's rows (of ``windows``, or all), by identity: the key, or where two rows
-    share a key (the view does not show every group column) the key and the row."""
+    """The view's rows (of ``windows``, or all; ``outside``: of the other windows), by
+    identity: the key, or where two rows share a key (the view does not show every group
+    column) the key and the row."""
     key = sql.SQL("jsonb_build_object({})").format(
         sql.SQL(", ").join(
             sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
@@ -159,7 +167,9 @@ def _view_rows(
     where: sql.Composable = sql.SQL("")
     if windows is not None:
         assert shape.window is not None
-        where = sql.SQL(" WHERE v.{} = ANY(%s)").format(sql.Identifier(shape.window))
+        where = sql.SQL(" WHERE v.{} {} (%s)").format(
+            sql.Identifier(shape.window), sql.SQL("<> ALL" if outside else "= ANY")
+        )
     query = sql.SQL("SELECT {}::text, to_jsonb(v)::text, {} FROM {} AS v{}").format(
         key, win, sql.Identifier(PUBLIC_SCHEMA, shape.stream), where
     )
@@ -175,12 +185,15 @@ def _view_rows(
 
 
 def _announced(
-    driver: psycopg.Connection[Any], stream: str, windows: list[datetime] | None
+    driver: psycopg.Connection[Any],
+    stream: str,
+    windows: list[datetime] | None,
+    outside: bool = False,
 ) -> dict[str, _Row]:
     where: sql.Composable = sql.SQL("")
     params: tuple[object, ...] = (stream,)
     if windows is not None:
-        where = sql.SQL(" AND win = ANY(%s)")
+        where = sql.SQL(" AND win {} (%s)").format(sql.SQL("<> ALL" if outside else "= ANY"))
         params += (windows,)
     query = sql.SQL(
         "SELECT identity, key::text, row::text, win, revision FROM {} WHERE stream = %s{}"
@@ -191,7 +204,7 @@ def _announced(
 
 @dataclass(frozen=True)
 class _Cause:
-    """What made the changes: ``name`` (run, repair, alter, create), the runs committed and
+    """What made the changes: ``name`` (run, repair, alter, create, table), the runs committed and
     the watermark of the raw stream they came to before they did (µs; lateness)."""
 
     name: str
@@ -206,11 +219,13 @@ def _announce(
     shape: ViewShape,
     windows: list[datetime] | None,
     cause: _Cause,
+    outside: bool = False,
 ) -> Followed:
     """Append the differences between the view and the announced rows (of ``windows``,
-    or all) as changes after ``followed``'s position, and announce the view's rows."""
-    now = _view_rows(driver, shape, windows)
-    before = _announced(driver, shape.stream, windows)
+    or all; ``outside``: of the other windows) as changes after ``followed``'s position,
+    and announce the view's rows."""
+    now = _view_rows(driver, shape, windows, outside)
+    before = _announced(driver, shape.stream, windows, outside)
     position = followed.position
     changes: list[tuple[object, ...]] = []
     announced: list[tuple[object, ...]] = []
@@ -276,12 +291,51 @@ def _announce(
 
 def _catch_up(driver: psycopg.Connection[Any], followed: Followed, plan: StreamPlan) -> Followed:
     """Announce the whole view anew when the stream was redefined (an ALTER's swap) or
-    dropped and created again since the feed last looked."""
+    dropped and created again since the feed last looked, and watch the tables it joins
+    now."""
     if followed.created_seq == followed.current_seq or refusal(plan) is not None:
         return followed
     assert isinstance(plan, FollowedPlan)
+    oids = _watched(driver, plan)
+    seen = tables.version(driver, oids) if oids is not None else None
     cause = _Cause("alter" if followed.version > 1 else "create")
-    return _announce(driver, followed, ViewShape.of(plan), None, cause)
+    state = _announce(driver, followed, ViewShape.of(plan), None, cause)
+    tables.remember(driver, state.stream, oids, seen)
+    return replace(state, tables=oids, tables_version=seen)
+
+
+def _watched(driver: psycopg.Connection[Any], plan: FollowedPlan) -> list[int] | None:
+    """The oids of the tables ``plan``'s view joins, watched from now (None: none). A
+    redefinition the feed cannot watch the tables of (it joins a view now) is announced
+    all the same, without its tables' changes: a run's commit must not fail for it."""
+    if not isinstance(plan, ParallelAggregatePlan) or not plan.tables:
+        return None
+    try:
+        return tables.watch(driver, plan.name, plan.tables)
+    except NoFeed as refused:
+        log.warning("the change feed does not see the tables of %s: %s", plan.name, refused)
+        return None
+
+
+def _tables_caught_up(
+    driver: psycopg.Connection[Any],
+    state: Followed,
+    shape: ViewShape,
+    but: list[datetime] | None = None,
+) -> Followed:
+    """Announce what the tables ``state``'s view joins changed since its rows were
+    announced, if they did (cause ``table``); ``but``: windows whose changes the caller
+    announces next, in the same transaction (a run's commit, which then names them)."""
+    if state.tables is None:
+        return state
+    seen = tables.version(driver, state.tables)  # read before the view rows: see tables.py
+    if seen == state.tables_version:
+        return state
+    before = state.position
+    state = _announce(driver, state, shape, but, _Cause("table"), outside=but is not None)
+    tables.remember(driver, state.stream, state.tables, seen)
+    faults.reach("feed_table", [state.stream], changes=list(range(before + 1, state.position + 1)))
+    return replace(state, tables_version=seen)
 
 
 def _prune(driver: psycopg.Connection[Any], before: int, after: Followed, retention: float) -> None:
@@ -367,7 +421,10 @@ def recording(
         state = _catch_up(driver, state, plan)
         shape = ViewShape.of(plan)
         windows = _windows(records, plan, shape, times)
+        if windows is not None:  # a table change not announced yet, outside the run's windows
+            state = _tables_caught_up(driver, state, shape, but=windows)
         state = _announce(driver, state, shape, windows, made)
+        state = _tables_caught_up(driver, state, shape)  # one committed meanwhile
         _prune(driver, start, state, retention)
 
 
@@ -399,6 +456,28 @@ def follow_definitions(connection: sa.Connection, plans: PlanCache) -> int:
         if state.created_seq != state.current_seq and name in records and not state.backfilling:
             _catch_up(driver, state, records[name].plan)
             caught += 1
+    return caught
+
+
+def follow_tables(connection: sa.Connection, plans: PlanCache, names: list[str]) -> int:
+    """Announce what the tables joined by the followed streams ``names`` changed since
+    their rows were announced (a subscriber's poll; a run's commit, in a transaction before
+    its own so that its changes name the run alone); how many streams had changes. Looks
+    without a lock first: a stream whose tables did not change costs one query."""
+    driver = _driver(connection)
+    if not [name for name in names if tables.moved(driver, name)]:
+        return 0
+    records = plans.load(connection)
+    caught = 0
+    for name, state in _lock(driver, names).items():
+        if name not in records or state.backfilling:
+            continue
+        plan = records[name].plan
+        state = _catch_up(driver, state, plan)
+        if isinstance(plan, FollowedPlan):
+            start = state.position
+            after = _tables_caught_up(driver, state, ViewShape.of(plan))
+            caught += after.position > start
     return caught
 
 
@@ -450,6 +529,12 @@ def follow(engine: sa.Engine, plans: PlanCache, name: str) -> bool:
         if started is None:
             return False
         driver.execute(sql.SQL("DELETE FROM {} WHERE stream = %s").format(ROWS), (name,))
+        oids = (
+            tables.watch(driver, name, plan.tables)
+            if isinstance(plan, ParallelAggregatePlan) and plan.tables
+            else None
+        )
+        tables.remember(driver, name, oids, tables.version(driver, oids) if oids else None)
         rows = _view_rows(driver, ViewShape.of(plan), None)
         with driver.cursor() as cursor:
             cursor.executemany(

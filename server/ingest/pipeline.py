@@ -552,6 +552,10 @@ class IngestPipeline:
         Raises _Retry with the runs still to commit when the dependents or the set of
         pending runs changed."""
         stream, runs, dependents = batch.stream, batch.runs, batch.dependents
+        tabled = [p.name for p in dependents if isinstance(p, ParallelAggregatePlan) and p.tables]
+        if tabled:  # the joined tables' changes first, so that this commit's name it alone
+            with self.engine.begin() as connection:
+                feed.follow_tables(connection, self.plans, tabled)
         with self.engine.begin() as connection:
             driver = connection.connection.driver_connection
             assert isinstance(driver, psycopg.Connection)

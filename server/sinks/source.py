@@ -99,7 +99,9 @@ def key_problem(plan: StreamPlan) -> str | None:
         return f"{plan.name!r} does not show its window (window_start or window_end)"
     if isinstance(plan, ParallelAggregatePlan):
         grouped = {name for name, _ in plan.partial_columns if name.startswith("key_")}
-        shown = {o.ref for o in plan.outputs if o.role == "key"}
+        shown = {o.ref for o in plan.outputs if o.role in ("key", "group")}
+        if plan.tables:  # its partials are kept per join column; its keys are read_keys
+            grouped = set(plan.read_keys)
         if grouped - shown:
             return f"{plan.name!r} does not show every GROUP BY column in its SELECT list"
     return None
