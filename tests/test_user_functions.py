@@ -224,8 +224,9 @@ def test_a_function_made_through_the_sql_port_is_taken_when_the_stream_is_create
     strata: Strata,
 ) -> None:
     """The body is the one of CREATE STREAM's time: replacing the function later changes
-    neither the view nor the plan the catalog gives at a start; a plpgsql function and
-    Flink's Java class are refused by name over HTTP and through the SQL port."""
+    neither the view nor the plan the catalog gives at a start, an ALTER STREAM takes it
+    anew; a plpgsql function, an overloaded name and Flink's Java class are refused by name
+    over HTTP and through the SQL port."""
     f, g = _functions(strata)
     strata.create(BID)
     strata.create(f"CREATE STREAM letters AS SELECT auction, {f}(extra, 'c') AS n FROM bid")
@@ -263,6 +264,12 @@ def test_a_function_made_through_the_sql_port_is_taken_when_the_stream_is_create
     )
     assert refused.status_code == 400
     assert "loose() is a plpgsql function" in refused.json()["error"]
+    execute(strata, "CREATE FUNCTION twin(x bigint) RETURNS bigint LANGUAGE sql IMMUTABLE RETURN x")
+    execute(strata, "CREATE FUNCTION twin(x text) RETURNS text LANGUAGE sql IMMUTABLE RETURN x")
+    refused = strata.client.post(
+        "/streams", json={"sql": "CREATE STREAM o AS SELECT twin(auction) AS n FROM bid"}
+    )
+    assert "twin() has 2 definitions in PostgreSQL (overloads)" in refused.json()["error"]
     java = pytest.raises(psycopg.errors.FeatureNotSupported, match="loads a Java class")
     with psycopg.connect(strata.psql_url, autocommit=True) as connection, java:
         connection.execute("CREATE FUNCTION count_char AS 'com.example.CountChar'")
