@@ -603,10 +603,10 @@ def _aggregate(
         output = naming.check_column_name(output_name(item), window_names=True)
         expression = item.this if isinstance(item, exp.Alias) else item
         items.append(exp.alias_(translate(expression), output, quoted=True))
-        column = _aggregate_column(output, expression, owners, stream, by_call)
+        shown = _aggregate_column(output, expression, owners, stream, by_call)
         if expression.sql("postgres") in read_keys:  # a row's key, as the feed shows it
-            column = dataclasses.replace(column, role="group", ref=expression.sql("postgres"))
-        columns.append(column)
+            shown = dataclasses.replace(shown, role="group", ref=expression.sql("postgres"))
+        columns.append(shown)
     view.set("expressions", items)
     view.set("where", exp.Where(this=exp.and_(*map(translate, kept))) if kept else None)
     view.set(
