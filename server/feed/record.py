@@ -5,13 +5,11 @@ package docstring for the invariant): a run's commit (``recording``), a serial r
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -120,11 +118,6 @@ def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
     return driver
 
 
-def _value(text: str | None) -> object:
-    """A row's jsonb text, parsed so that 1.0 and 1.00 compare equal."""
-    return None if text is None else json.loads(text, parse_float=Decimal)
-
-
 def _followed_names(driver: psycopg.Connection[Any], names: list[str]) -> list[str]:
     query = sql.SQL("SELECT stream FROM {} WHERE stream = ANY(%s) ORDER BY stream").format(FEEDS)
     return [row[0] for row in driver.execute(query, (names,))]
@@ -170,7 +163,7 @@ def _view_rows(
         where = sql.SQL(" WHERE v.{} {} (%s)").format(
             sql.Identifier(shape.window), sql.SQL("<> ALL" if outside else "= ANY")
         )
-    query = sql.SQL("SELECT {}::text, to_jsonb(v)::text, {} FROM {} AS v{}").format(
+    query = sql.SQL("SELECT {}::text, to_jsonb(v.*)::text, {} FROM {} AS v{}").format(
         key, win, sql.Identifier(PUBLIC_SCHEMA, shape.stream), where
     )
     rows = driver.execute(query, (windows,) if windows is not None else None).fetchall()
@@ -182,24 +175,6 @@ def _view_rows(
         identity = key_text if keys[key_text] == 1 else f"{key_text}\x1f{row_text}"
         found[identity] = _Row(key_text, row_text, value)
     return found
-
-
-def _announced(
-    driver: psycopg.Connection[Any],
-    stream: str,
-    windows: list[datetime] | None,
-    outside: bool = False,
-) -> dict[str, _Row]:
-    where: sql.Composable = sql.SQL("")
-    params: tuple[object, ...] = (stream,)
-    if windows is not None:
-        where = sql.SQL(" AND win {} (%s)").format(sql.SQL("<> ALL" if outside else "= ANY"))
-        params += (windows,)
-    query = sql.SQL(
-        "SELECT identity, key::text, row::text, win, revision FROM {} WHERE stream = %s{}"
-    ).format(ROWS, where)
-    rows = driver.execute(query, params).fetchall()
-    return {r[0]: _Row(r[1], r[2], r[3], r[4]) for r in rows}
 
 
 @dataclass(frozen=True)
@@ -223,70 +198,85 @@ def _announce(
 ) -> Followed:
     """Append the differences between the view and the announced rows (of ``windows``,
     or all; ``outside``: of the other windows) as changes after ``followed``'s position,
-    and announce the view's rows."""
-    now = _view_rows(driver, shape, windows, outside)
-    before = _announced(driver, shape.stream, windows, outside)
-    position = followed.position
-    changes: list[tuple[object, ...]] = []
-    announced: list[tuple[object, ...]] = []
-    for identity in sorted(before.keys() | now.keys()):
-        old, new = before.get(identity), now.get(identity)
-        old_row = old.row if old else None
-        new_row = new.row if new else None
-        if _value(old_row) == _value(new_row):
-            continue
-        position += 1
-        op = "insert" if old_row is None else "delete" if new_row is None else "update"
-        revision = (old.revision if old else 0) + 1
-        kept = new or old
-        assert kept is not None
-        late, lateness = cause.late, None
-        if cause.name == "run" and kept.win is not None and shape.window is not None:
-            # Before a stream's first commit there is no watermark: nothing is late yet.
-            behind = (
-                -1 if cause.watermark is None else cause.watermark - shape.window_end_us(kept.win)
-            )
-            late, lateness = behind >= 0, max(behind, 0) / 1e6
-        changes.append(
-            (
-                shape.stream,
-                position,
-                op,
-                kept.key,
-                old_row,
-                new_row,
-                late,
-                lateness,
-                revision,
-                cause.name,
-                list(cause.runs) or None,
-            )
-        )
-        announced.append((shape.stream, identity, kept.win, kept.key, new_row, revision))
-    if changes:
-        with driver.cursor() as cursor:
-            cursor.executemany(
-                sql.SQL(
-                    "INSERT INTO {} (stream, position, op, key, old, new, late, "
-                    "lateness_seconds, revision, cause, runs) VALUES "
-                    "(%s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s)"
-                ).format(CHANGES),
-                changes,
-            )
-            cursor.executemany(
-                sql.SQL(
-                    "INSERT INTO {} (stream, identity, win, key, row, revision) "
-                    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s) ON CONFLICT (stream, identity) "
-                    "DO UPDATE SET win = excluded.win, key = excluded.key, row = excluded.row, "
-                    "revision = excluded.revision"
-                ).format(ROWS),
-                announced,
-            )
+    and announce the view's rows: one statement (``_diff``), so that a commit touching
+    thousands of rows neither parses nor sends them one by one."""
+    run = cause.name == "run" and shape.window is not None
+    params: dict[str, object] = {
+        "stream": shape.stream,
+        "windows": windows,
+        "base": followed.position,
+        "run": run,
+        "watermark": moment(cause.watermark) if cause.watermark is not None else None,
+        "size": 0 if shape.window_is_end else shape.size_us,
+        "late": cause.late,
+        "cause": cause.name,
+        "runs": list(cause.runs) or None,
+    }
+    row = driver.execute(_diff(shape, windows is not None, outside), params).fetchone()
+    position = followed.position + (int(row[0]) if row else 0)
     driver.execute(
         sql.SQL("UPDATE {} SET position = %s, created_seq = %s WHERE stream = %s").format(FEEDS),
         (position, followed.current_seq, followed.stream),
     )
     return replace(followed, position=position, created_seq=followed.current_seq)
+
+
+def _diff(shape: ViewShape, windowed: bool, outside: bool) -> sql.Composed:
+    """The statement of ``_announce``: the view's rows (of %(windows)s or all, or of the
+    others) by identity - their key, or where two rows share a key the key and the row, as
+    ``_view_rows`` gives them - against the announced rows; each difference a change
+    numbered after %(base)s in identity order (as Python sorts strings: COLLATE "C"), and
+    the announced rows updated; the number of changes. jsonb compares numbers by value,
+    so 1.0 and 1.00 are no change. A run's change is late when the watermark before it
+    (%(watermark)s) had reached the end of the row's window."""
+    window = sql.Identifier(shape.window) if shape.window else None
+    match = sql.SQL("<> ALL" if outside else "= ANY")
+    return sql.SQL(
+        "WITH viewed AS (SELECT {key} AS key, to_jsonb(v.*) AS row, {win} AS win "
+        "FROM {view} AS v {view_where}), "
+        "now AS (SELECT key, row, win, CASE WHEN count(*) OVER (PARTITION BY key) = 1 "
+        "THEN key::text ELSE key::text || chr(31) || row::text END AS identity FROM viewed), "
+        "before AS (SELECT identity, key, row, win, revision FROM {rows} "
+        "WHERE stream = %(stream)s {rows_where}), "
+        "d AS (SELECT coalesce(n.identity, b.identity) AS identity, "
+        "coalesce(n.key, b.key) AS key, b.row AS old, n.row AS new, "
+        "coalesce(n.win, b.win) AS win, coalesce(b.revision, 0) + 1 AS revision "
+        "FROM now n FULL JOIN before b ON b.identity = n.identity "
+        "WHERE n.row IS DISTINCT FROM b.row), "
+        "c AS (SELECT d.*, %(base)s::bigint + row_number() OVER (ORDER BY identity "
+        'COLLATE "C") AS position, %(watermark)s::timestamptz - (win + %(size)s::bigint '
+        "* interval '1 microsecond') AS behind FROM d), "
+        "changed AS (INSERT INTO {changes} (stream, position, op, key, old, new, late, "
+        "lateness_seconds, revision, cause, runs) SELECT %(stream)s, position, "
+        "CASE WHEN old IS NULL THEN 'insert' WHEN new IS NULL THEN 'delete' "
+        "ELSE 'update' END, key, old, new, "
+        "CASE WHEN %(run)s AND win IS NOT NULL THEN coalesce(behind >= interval '0', false) "
+        "ELSE %(late)s END, "
+        "CASE WHEN %(run)s AND win IS NOT NULL THEN CASE WHEN behind >= interval '0' "
+        "THEN extract(epoch FROM behind)::double precision ELSE 0 END END, "
+        "revision, %(cause)s, %(runs)s::text[] FROM c), "
+        "announced AS (INSERT INTO {rows} (stream, identity, win, key, row, revision) "
+        "SELECT %(stream)s, identity, win, key, new, revision FROM d "
+        "ON CONFLICT (stream, identity) DO UPDATE SET win = excluded.win, "
+        "key = excluded.key, row = excluded.row, revision = excluded.revision) "
+        "SELECT count(*) FROM d"
+    ).format(
+        key=sql.SQL("jsonb_build_object({})").format(
+            sql.SQL(", ").join(
+                sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
+            )
+        ),
+        win=sql.SQL("v.{}").format(window) if window else sql.SQL("NULL::timestamptz"),
+        view=sql.Identifier(PUBLIC_SCHEMA, shape.stream),
+        view_where=(
+            sql.SQL("WHERE v.{} {} (%(windows)s)").format(window, match)
+            if windowed and window
+            else sql.SQL("")
+        ),
+        rows=ROWS,
+        rows_where=sql.SQL("AND win {} (%(windows)s)").format(match) if windowed else sql.SQL(""),
+        changes=CHANGES,
+    )
 
 
 def _catch_up(driver: psycopg.Connection[Any], followed: Followed, plan: StreamPlan) -> Followed:
