@@ -35,21 +35,23 @@ def follow(url: str) -> Subscriber:
 
 
 @pytest.fixture
-def polls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """When Feed.poll (a query of feed_changes) is called: counted, not replaced."""
-    calls: list[float] = []
+def polls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[float, int]]]:
+    """When Feed.poll (a query of feed_changes) is called, and how many changes it read:
+    counted, not replaced."""
+    calls: list[tuple[float, int]] = []
     original = Feed.poll
 
     def counted(self: Feed, limit: int = 1000) -> list:  # type: ignore[type-arg]
-        calls.append(time.monotonic())
-        return original(self, limit)
+        changes = original(self, limit)
+        calls.append((time.monotonic(), len(changes)))
+        return changes
 
     monkeypatch.setattr(Feed, "poll", counted)
     yield calls
 
 
 def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
-    module_strata: Strata, polls: list[float]
+    module_strata: Strata, polls: list[tuple[float, int]]
 ) -> None:
     strata = module_strata
     strata.create(
@@ -75,8 +77,11 @@ def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
             assert len(polls) <= SUBSCRIBERS * 5, len(polls)  # 10 a second each: 600
             assert 5 <= hub.queries - queries <= 60
 
-            # A run commits: every subscriber gets its changes, in order, once, promptly.
+            # A run commits: every subscriber gets its changes, in order, once, promptly,
+            # read from PostgreSQL once for all of them (or a few times, when their polls
+            # fall apart), not once each.
             before = [len(f.positions) for f in followers]
+            polls.clear()
             committed = time.monotonic()
             strata.ingest(RAW, _run(2, 30), csv=True, run_id="hub-2")
             deadline = committed + 30
@@ -86,6 +91,9 @@ def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
             time.sleep(1.5)
             expected = followers[0].positions
             assert expected == list(range(1, len(expected) + 1))
+            reads = [n for _, n in polls if n]
+            assert 1 <= len(reads) <= SUBSCRIBERS // 4, reads
+            assert hub.shared >= SUBSCRIBERS - len(reads)
             for follower in followers:
                 assert follower.error is None
                 assert follower.positions == expected

@@ -88,16 +88,15 @@ async def _events(
             if latest is None or latest > feed.position or time.monotonic() - polled >= 1.0:
                 polled = time.monotonic()
                 try:
-                    changes = await run_in_threadpool(feed.poll)
+                    changes = await run_in_threadpool(hub.changes, feed)
                 except PositionGone as gone:  # retention overtook a slow subscriber: say so
                     data = json.dumps(
                         {"error": str(gone), "status": 410, "oldest_position": gone.oldest}
                     )
                     yield f"event: error\ndata: {data}\n\n"
                     return
-                for change in changes:
-                    yield _event(change)
-                if changes:
+                if changes:  # one write for the batch, not one per change
+                    yield "".join(_event(change) for change in changes)
                     quiet_since = time.monotonic()
                     continue
             if time.monotonic() - quiet_since >= PROGRESS_SECONDS:
