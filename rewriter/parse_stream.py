@@ -12,7 +12,7 @@ from sqlglot.parsers.postgres import PostgresParser
 from sqlglot.tokens import Token, TokenType
 
 from rewriter.desugar import WindowClause, cut_window_clauses, desugar
-from rewriter.errors import InvalidSQL, UnsupportedSQL
+from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
 from rewriter.flink_syntax import SessionPartition, desugar_functions, flink_function
 from rewriter.flink_syntax import read as read_flink
 from rewriter.naming import check_column_name, check_stream_name
@@ -111,6 +111,17 @@ def parse_stream(sql: str) -> StreamStatement:
         _check_session_partitions(statement.expression, flink.partitions, sql)
         return _derived(statement, windows)
     return _raw(statement)
+
+
+def derived_select(sql: str) -> exp.Select | exp.Union | None:
+    """The SELECT of a CREATE STREAM ... AS statement, or None for any other statement or one
+    that does not parse (planning it reports its own error): what the server reads to look
+    up the tables and functions a statement may name before planning it."""
+    try:
+        statement = parse_stream(sql)
+    except (StrataError, RecursionError):
+        return None
+    return statement.select if isinstance(statement, DerivedStreamStatement) else None
 
 
 def _refuse_foreign_clauses(sql: str, tokens: list[Token]) -> None:

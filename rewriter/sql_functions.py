@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from rewriter.errors import StrataError
 from rewriter.functions import NAMED
-from rewriter.parse_stream import DerivedStreamStatement, parse_stream
+from rewriter.parse_stream import derived_select
 
 
 @dataclass(frozen=True)
@@ -79,10 +78,5 @@ def user_calls(tree: exp.Expr) -> list[str]:
 def referenced_functions(sql: str) -> list[str]:
     """The names of the calls a CREATE STREAM statement makes that may be user functions:
     the candidates the server looks up in pg_proc."""
-    try:
-        statement = parse_stream(sql)
-    except (StrataError, RecursionError):
-        return []  # planning the statement reports its own error
-    if not isinstance(statement, DerivedStreamStatement):
-        return []
-    return user_calls(statement.select)
+    select = derived_select(sql)
+    return user_calls(select) if select is not None else []

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from rewriter.errors import StrataError
-from rewriter.parse_stream import DerivedStreamStatement, parse_stream
+from rewriter.parse_stream import derived_select
 
 
 @dataclass(frozen=True)
@@ -72,14 +71,11 @@ def _folded(identifier: exp.Identifier) -> str:
 def referenced_names(sql: str) -> list[tuple[str | None, str]]:
     """(schema, name) of every plain relation a CREATE STREAM statement reads: the candidates
     for tables (the server keeps those that are not streams and exist in PostgreSQL)."""
-    try:
-        statement = parse_stream(sql)
-    except (StrataError, RecursionError):
-        return []  # planning the statement reports its own error
-    if not isinstance(statement, DerivedStreamStatement):
+    select = derived_select(sql)
+    if select is None:
         return []
     found: dict[tuple[str | None, str], None] = {}
-    for node in statement.select.find_all(exp.Table):
+    for node in select.find_all(exp.Table):
         if table_key(node) is None:
             continue
         schema = node.args.get("db")
