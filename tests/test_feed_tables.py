@@ -171,6 +171,9 @@ def test_a_subscriber_follows_runs_and_the_tables_changes(
     reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=0, max_groups=100)
     try:
         settle(strata, shop, follower)
+        # Its snapshot whole (one it dropped half-way is taken again, at a later position
+        # once changes come): from here on it owes every change, as the follower does.
+        dropping.wait_for(0)
         for i, step in enumerate(steps):
             seen = len(follower.changes)
             if step == "reduce":
