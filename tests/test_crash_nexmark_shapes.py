@@ -7,7 +7,7 @@ joined (q5: the counts joined with their maximum, itself over a subquery; q7: th
 joined with each window's maximum price) and a ranking over a join selecting ``a.*`` (q9).
 After the restart, and the runs the server never took posted again, every run sent is
 archived once (the ledger's set check) and every view equals its batch query over the
-raw rows."""
+raw rows. A stream calling the user's SQL function (inlined) is among them."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ STREAMS = (
     "MAX(price) AS maxprice, window_end AS t FROM TUMBLE(bid, t, INTERVAL '10 minutes') "
     "GROUP BY window_start, window_end) B1 ON B.price = B1.maxprice "
     "WHERE B.t BETWEEN B1.t - INTERVAL '10 minutes' AND B1.t",
+    # A function of the user's (q14's shape), inlined into the partial and final forms.
+    "CREATE STREAM by_band AS SELECT price_band(price) AS band, count(*) AS n, "
+    "sum(price_band(price)) AS banded, window_start FROM TUMBLE(bid, t, INTERVAL '1 hour') "
+    "GROUP BY price_band(price), window_start",
     # q9 as Nexmark writes it: each auction's highest bid, the auction's columns by a.*.
     "CREATE STREAM q9 AS SELECT * FROM (SELECT a.*, b.auction, b.price, b.url, b.t AS bid_t, "
     "ROW_NUMBER() OVER (PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum "
@@ -83,6 +87,8 @@ _COUNTS = (
 TABLE = (
     "CREATE TABLE dim (id integer PRIMARY KEY, label text)",
     "INSERT INTO dim SELECT k, 'l' || (k % 2) FROM generate_series(0, 3) k",
+    "CREATE FUNCTION price_band(p integer) RETURNS integer LANGUAGE sql IMMUTABLE "
+    "RETURN (p / 25) * 25",
 )
 ORACLES = {
     "SELECT channel_id, bids, total, window_start FROM by_channel": (
@@ -94,6 +100,10 @@ ORACLES = {
         "date_bin('10 minutes', b.t, timestamptz 'epoch') + interval '10 minutes' "
         "FROM bid b JOIN auction a ON b.auction = a.id JOIN dim c ON a.category = c.id "
         "GROUP BY 1, 4"
+    ),
+    "SELECT band, n, banded, window_start FROM by_band": (
+        "SELECT price_band(price), count(*), sum(price_band(price)), date_bin('1 hour', t, "
+        "timestamptz 'epoch') FROM bid GROUP BY 1, 4"
     ),
     "SELECT * FROM q5": (
         f"SELECT ab.auction, ab.num FROM ({_COUNTS}) ab JOIN (SELECT max(num) AS maxn, "
@@ -145,7 +155,7 @@ def _auctions(rng: random.Random, first: int) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-@pytest.mark.slow  # about 100 s: a server started twice, six views checked
+@pytest.mark.slow  # about 100 s: a server started twice, seven views checked
 def test_kill_while_a_batch_of_bids_commits(tmp_path: Path) -> None:
     rng = random.Random(9)
     trigger = "bids-trigger"

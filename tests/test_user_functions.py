@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +26,16 @@ from rewriter.sql_functions import SqlFunction, referenced_functions
 from server.catalog import PlanCache
 from server.workers.swapper import Swapper
 from tests.conftest import Strata, examples
-from tests.oracle import START, at, execute, late_runs, ndjson, same, with_a_late_run
+from tests.oracle import (
+    START,
+    SnapshotReader,
+    at,
+    execute,
+    late_runs,
+    ndjson,
+    same,
+    with_a_late_run,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "inline_functions.sql"
 BID = (
@@ -352,3 +362,56 @@ def test_views_calling_a_function_equal_postgresqls_calls_of_it(
         f"SELECT auction, {f}, s, t FROM {rows}",
         f"SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra), t FROM {raw}",
     )
+
+
+def test_a_reader_sees_every_snapshot_exact_while_runs_commit(module_strata: Strata) -> None:
+    """A reader comparing, in one snapshot after another, the views calling the user's
+    functions with PostgreSQL's own calls of them over the raw rows, while 30 runs (a
+    third of them hours late) are posted without waiting and commit."""
+    strata = module_strata
+    f, g = _functions(strata)
+    n = next(_names)
+    raw, agg, rows = f"sbid_{n}", f"sagg_{n}", f"srows_{n}"
+    strata.create(BID.replace("STREAM bid", f"STREAM {raw}"))
+    strata.create(
+        f"CREATE STREAM {agg} AS SELECT {f}(extra, 'b') AS b_count, count(*) AS n, "
+        f"sum({g}(price - 1, extra)) AS scaled, window_end "
+        f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY {f}(extra, 'b'), window_end"
+    )
+    strata.create(
+        f"CREATE STREAM {rows} AS SELECT auction, {g}(price - 1, extra) AS s, t FROM {raw}"
+    )
+    window = "date_bin('1 hour', t, timestamptz 'epoch') + interval '1 hour'"
+    oracles = {
+        f"SELECT b_count, n, scaled, window_end FROM {agg}": (
+            f"SELECT {f}(extra, 'b'), count(*), sum({g}(price - 1, extra)), {window} "
+            f"FROM {raw} GROUP BY {f}(extra, 'b'), {window}"
+        ),
+        f"SELECT auction, s, t FROM {rows}": (
+            f"SELECT auction, {g}(price - 1, extra), t FROM {raw}"
+        ),
+    }
+    rng = random.Random(14)
+    with SnapshotReader.of(strata.database_url, oracles, min_snapshots=5):
+        posted = []
+        for i in range(30):
+            hours = 30 - (10 if i % 3 == 2 else 0)  # every third run hours behind the others
+            body = ndjson(
+                [
+                    {
+                        "auction": rng.randrange(4),
+                        "price": rng.randrange(500),
+                        "extra": rng.choice([None, "", "bb", "abcb", "ba!"]),
+                        "t": at(i * 60 + (hours * 3600) + rng.randrange(600)),
+                    }
+                    for _ in range(rng.randrange(1, 8))
+                ]
+            )
+            response = strata.post_run(raw, body, wait=False, run_id=f"{raw}-{i}")
+            assert response.status_code == 202, response.text
+            posted.append(response.json()["run_id"])
+        for run_id in posted:
+            strata.service.wait(strata.service.run(run_id), 120)  # type: ignore[arg-type]
+    assert late_runs(strata, raw) > 0
+    for view, oracle in oracles.items():
+        same(strata, view, oracle)
