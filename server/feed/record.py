@@ -104,14 +104,6 @@ class Followed:
     backfilling: bool = False
 
 
-@dataclass(frozen=True)
-class _Row:
-    key: str  # jsonb text of the key columns
-    row: str | None  # jsonb text of the whole row; None: deleted (announced rows only)
-    win: datetime | None
-    revision: int = 0
-
-
 def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
     driver = connection.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
@@ -142,39 +134,31 @@ def _lock(driver: psycopg.Connection[Any], names: list[str] | None) -> dict[str,
     return {row[0]: Followed(*row) for row in rows}
 
 
-def _view_rows(
-    driver: psycopg.Connection[Any],
-    shape: ViewShape,
-    windows: list[datetime] | None,
-    outside: bool = False,
-) -> dict[str, _Row]:
-    """The view's rows (of ``windows``, or all; ``outside``: of the other windows), by
-    identity: the key, or where two rows share a key (the view does not show every group
-    column) the key and the row."""
-    key = sql.SQL("jsonb_build_object({})").format(
-        sql.SQL(", ").join(
-            sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
-        )
+def _current(shape: ViewShape, windowed: bool, outside: bool) -> sql.Composed:
+    """CTEs ``viewed`` and ``now``: the view's rows (of %(windows)s or all, or of the
+    others) by identity - their key, or where two rows share a key (the view does not show
+    every group column) the key and the row - as jsonb, with their window."""
+    window = sql.Identifier(shape.window) if shape.window else None
+    match = sql.SQL("<> ALL" if outside else "= ANY")
+    return sql.SQL(
+        "viewed AS (SELECT {key} AS key, to_jsonb(v.*) AS row, {win} AS win "
+        "FROM {view} AS v {view_where}), "
+        "now AS (SELECT key, row, win, CASE WHEN count(*) OVER (PARTITION BY key) = 1 "
+        "THEN key::text ELSE key::text || chr(31) || row::text END AS identity FROM viewed)"
+    ).format(
+        key=sql.SQL("jsonb_build_object({})").format(
+            sql.SQL(", ").join(
+                sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
+            )
+        ),
+        win=sql.SQL("v.{}").format(window) if window else sql.SQL("NULL::timestamptz"),
+        view=sql.Identifier(PUBLIC_SCHEMA, shape.stream),
+        view_where=(
+            sql.SQL("WHERE v.{} {} (%(windows)s)").format(window, match)
+            if windowed and window
+            else sql.SQL("")
+        ),
     )
-    win = sql.SQL("v.{}").format(sql.Identifier(shape.window)) if shape.window else sql.NULL
-    where: sql.Composable = sql.SQL("")
-    if windows is not None:
-        assert shape.window is not None
-        where = sql.SQL(" WHERE v.{} {} (%s)").format(
-            sql.Identifier(shape.window), sql.SQL("<> ALL" if outside else "= ANY")
-        )
-    query = sql.SQL("SELECT {}::text, to_jsonb(v.*)::text, {} FROM {} AS v{}").format(
-        key, win, sql.Identifier(PUBLIC_SCHEMA, shape.stream), where
-    )
-    rows = driver.execute(query, (windows,) if windows is not None else None).fetchall()
-    keys: dict[str, int] = {}
-    for row in rows:
-        keys[row[0]] = keys.get(row[0], 0) + 1
-    found: dict[str, _Row] = {}
-    for key_text, row_text, value in rows:
-        identity = key_text if keys[key_text] == 1 else f"{key_text}\x1f{row_text}"
-        found[identity] = _Row(key_text, row_text, value)
-    return found
 
 
 @dataclass(frozen=True)
@@ -222,20 +206,15 @@ def _announce(
 
 
 def _diff(shape: ViewShape, windowed: bool, outside: bool) -> sql.Composed:
-    """The statement of ``_announce``: the view's rows (of %(windows)s or all, or of the
-    others) by identity - their key, or where two rows share a key the key and the row, as
-    ``_view_rows`` gives them - against the announced rows; each difference a change
+    """The statement of ``_announce``: the view's rows (``_current``) against the announced
+    rows (of the same windows); each difference a change
     numbered after %(base)s in identity order (as Python sorts strings: COLLATE "C"), and
     the announced rows updated; the number of changes. jsonb compares numbers by value,
     so 1.0 and 1.00 are no change. A run's change is late when the watermark before it
     (%(watermark)s) had reached the end of the row's window."""
-    window = sql.Identifier(shape.window) if shape.window else None
     match = sql.SQL("<> ALL" if outside else "= ANY")
     return sql.SQL(
-        "WITH viewed AS (SELECT {key} AS key, to_jsonb(v.*) AS row, {win} AS win "
-        "FROM {view} AS v {view_where}), "
-        "now AS (SELECT key, row, win, CASE WHEN count(*) OVER (PARTITION BY key) = 1 "
-        "THEN key::text ELSE key::text || chr(31) || row::text END AS identity FROM viewed), "
+        "WITH {current}, "
         "before AS (SELECT identity, key, row, win, revision FROM {rows} "
         "WHERE stream = %(stream)s {rows_where}), "
         "d AS (SELECT coalesce(n.identity, b.identity) AS identity, "
@@ -261,18 +240,7 @@ def _diff(shape: ViewShape, windowed: bool, outside: bool) -> sql.Composed:
         "key = excluded.key, row = excluded.row, revision = excluded.revision) "
         "SELECT count(*) FROM d"
     ).format(
-        key=sql.SQL("jsonb_build_object({})").format(
-            sql.SQL(", ").join(
-                sql.SQL("{}, v.{}").format(sql.Literal(k), sql.Identifier(k)) for k in shape.keys
-            )
-        ),
-        win=sql.SQL("v.{}").format(window) if window else sql.SQL("NULL::timestamptz"),
-        view=sql.Identifier(PUBLIC_SCHEMA, shape.stream),
-        view_where=(
-            sql.SQL("WHERE v.{} {} (%(windows)s)").format(window, match)
-            if windowed and window
-            else sql.SQL("")
-        ),
+        current=_current(shape, windowed, outside),
         rows=ROWS,
         rows_where=sql.SQL("AND win {} (%(windows)s)").format(match) if windowed else sql.SQL(""),
         changes=CHANGES,
@@ -525,15 +493,13 @@ def follow(engine: sa.Engine, plans: PlanCache, name: str) -> bool:
             else None
         )
         tables.remember(driver, name, oids, tables.version(driver, oids) if oids else None)
-        rows = _view_rows(driver, ViewShape.of(plan), None)
-        with driver.cursor() as cursor:
-            cursor.executemany(
-                sql.SQL(
-                    "INSERT INTO {} (stream, identity, win, key, row, revision) "
-                    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, 0)"
-                ).format(ROWS),
-                [(name, identity, r.win, r.key, r.row) for identity, r in rows.items()],
-            )
+        driver.execute(
+            sql.SQL(
+                "WITH {} INSERT INTO {} (stream, identity, win, key, row, revision) "
+                "SELECT %(stream)s, identity, win, key, row, 0 FROM now"
+            ).format(_current(ViewShape.of(plan), False, False), ROWS),
+            {"stream": name},
+        )
         driver.execute(
             sql.SQL(
                 "UPDATE {} SET created_seq = (SELECT created_seq FROM {} WHERE name = %s) "
