@@ -319,6 +319,36 @@ def bid_runs(draw: st.DrawFn) -> list[list[dict[str, object]]]:
     return [r for r in runs if r]
 
 
+def _calling_streams(strata: Strata, prefix: str) -> tuple[str, dict[str, str]]:
+    """A raw stream of bids, a window aggregate and a projection over it calling the user's
+    functions (one calling the other, ``extra`` NULL sometimes, an expression as argument);
+    the raw stream's name, and each view's query with PostgreSQL's own calls of the
+    functions over the raw rows (its oracle)."""
+    f, g = _functions(strata)
+    n = next(_names)
+    raw, agg, rows = f"{prefix}bid_{n}", f"{prefix}agg_{n}", f"{prefix}rows_{n}"
+    strata.create(BID.replace("STREAM bid", f"STREAM {raw}"))
+    strata.create(
+        f"CREATE STREAM {agg} AS SELECT {f}(extra, 'b') AS b_count, count(*) AS n, "
+        f"sum({g}(price - 1, extra)) AS scaled, max({f}(extra, 'a')) AS most_a, window_end "
+        f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY {f}(extra, 'b'), window_end"
+    )
+    strata.create(
+        f"CREATE STREAM {rows} AS SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra) AS s, t "
+        f"FROM {raw}"
+    )
+    window = "date_bin('1 hour', t, timestamptz 'epoch') + interval '1 hour'"
+    return raw, {
+        f"SELECT b_count, n, scaled, most_a, window_end FROM {agg}": (
+            f"SELECT {f}(extra, 'b'), count(*), sum({g}(price - 1, extra)), "
+            f"max({f}(extra, 'a')), {window} FROM {raw} GROUP BY {f}(extra, 'b'), {window}"
+        ),
+        f"SELECT auction, {f}, s, t FROM {rows}": (
+            f"SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra), t FROM {raw}"
+        ),
+    }
+
+
 @given(runs=bid_runs(), order=st.randoms(use_true_random=False))
 @settings(
     max_examples=examples(8),
@@ -332,36 +362,14 @@ def test_views_calling_a_function_equal_postgresqls_calls_of_it(
     a projection calling the user's functions (one calling the other, an argument NULL
     sometimes) equal plain PostgreSQL calling the real functions over the raw rows."""
     strata = module_strata
-    f, g = _functions(strata)
-    n = next(_names)
-    raw, agg, rows = f"fbid_{n}", f"fagg_{n}", f"frows_{n}"
-    strata.create(BID.replace("STREAM bid", f"STREAM {raw}"))
-    strata.create(
-        f"CREATE STREAM {agg} AS SELECT {f}(extra, 'b') AS b_count, count(*) AS n, "
-        f"sum({g}(price - 1, extra)) AS scaled, max({f}(extra, 'a')) AS most_a, window_end "
-        f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY {f}(extra, 'b'), window_end"
-    )
-    strata.create(
-        f"CREATE STREAM {rows} AS SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra) AS s, t "
-        f"FROM {raw}"
-    )
+    raw, oracles = _calling_streams(strata, "f")
     order.shuffle(runs)
     runs = with_a_late_run(runs, lambda row: row["t"])
     for run in runs:
         strata.ingest(raw, ndjson(run))
     assert late_runs(strata, raw) > 0
-    window = "date_bin('1 hour', t, timestamptz 'epoch') + interval '1 hour'"
-    same(
-        strata,
-        f"SELECT b_count, n, scaled, most_a, window_end FROM {agg}",
-        f"SELECT {f}(extra, 'b'), count(*), sum({g}(price - 1, extra)), max({f}(extra, 'a')), "
-        f"{window} FROM {raw} GROUP BY {f}(extra, 'b'), {window}",
-    )
-    same(
-        strata,
-        f"SELECT auction, {f}, s, t FROM {rows}",
-        f"SELECT auction, {f}(extra, 'c'), {g}(price - 1, extra), t FROM {raw}",
-    )
+    for view, oracle in oracles.items():
+        same(strata, view, oracle)
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_commit(module_strata: Strata) -> None:
@@ -369,28 +377,7 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_commit(module_strata: Str
     functions with PostgreSQL's own calls of them over the raw rows, while 30 runs (a
     third of them hours late) are posted without waiting and commit."""
     strata = module_strata
-    f, g = _functions(strata)
-    n = next(_names)
-    raw, agg, rows = f"sbid_{n}", f"sagg_{n}", f"srows_{n}"
-    strata.create(BID.replace("STREAM bid", f"STREAM {raw}"))
-    strata.create(
-        f"CREATE STREAM {agg} AS SELECT {f}(extra, 'b') AS b_count, count(*) AS n, "
-        f"sum({g}(price - 1, extra)) AS scaled, window_end "
-        f"FROM TUMBLE({raw}, t, INTERVAL '1 hour') GROUP BY {f}(extra, 'b'), window_end"
-    )
-    strata.create(
-        f"CREATE STREAM {rows} AS SELECT auction, {g}(price - 1, extra) AS s, t FROM {raw}"
-    )
-    window = "date_bin('1 hour', t, timestamptz 'epoch') + interval '1 hour'"
-    oracles = {
-        f"SELECT b_count, n, scaled, window_end FROM {agg}": (
-            f"SELECT {f}(extra, 'b'), count(*), sum({g}(price - 1, extra)), {window} "
-            f"FROM {raw} GROUP BY {f}(extra, 'b'), {window}"
-        ),
-        f"SELECT auction, s, t FROM {rows}": (
-            f"SELECT auction, {g}(price - 1, extra), t FROM {raw}"
-        ),
-    }
+    raw, oracles = _calling_streams(strata, "s")
     rng = random.Random(14)
     with SnapshotReader.of(strata.database_url, oracles, min_snapshots=5):
         posted = []
