@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -112,9 +113,15 @@ def test_ndjson_and_csv_runs_reach_raw_archive_and_views(strata: Strata) -> None
     missing = strata.client.get("/runs/nope")
     assert missing.status_code == 404
     assert missing.json() == {"error": "run 'nope' does not exist"}
+    # A single node cannot receive an unknown run from anywhere but a later POST: a wait on
+    # it answers 404 at once, not after the whole wait timeout (120 s here).
+    started = time.monotonic()
+    waited = strata.client.get("/runs/nope", params={"wait": "true"})
+    assert waited.status_code == 404
+    assert time.monotonic() - started < 30
     # The error metric names what was missing: a run, not a stream.
     metrics = strata.client.get("/metrics").text
-    assert 'strata_http_errors_total{error="UnknownRun",status="404"} 1.0' in metrics
+    assert 'strata_http_errors_total{error="UnknownRun",status="404"} 2.0' in metrics
 
 
 def test_run_without_wait_is_accepted_then_committed(strata: Strata) -> None:

@@ -86,7 +86,8 @@ async def post_run(
     description="With wait=true, answers once the run is committed or rejected on this node "
     "(in a cluster: a run posted to another node, once it has reached this one), or after "
     "timeout seconds (default STRATA_RUN_WAIT_TIMEOUT) with its status then (404 if this "
-    "node has not heard of it).",
+    "node has not heard of it). A single node answers 404 at once for a run it has not "
+    "heard of: no other node can bring it.",
 )
 async def get_run(
     run_id: str,
@@ -101,7 +102,13 @@ async def get_run(
     )
     deadline = time.monotonic() + limit
     record = await run_in_threadpool(service.run, run_id)
-    while wait and (record is None or record.status == "pending"):
+    # A run unknown to a single node can only come from a later POST: waiting for it would
+    # hold the request for the whole timeout (a mistyped run id hanging a client).
+    while (
+        wait
+        and (record is not None or service.cluster is not None)
+        and (record is None or record.status == "pending")
+    ):
         left = deadline - time.monotonic()
         if left <= 0 or service.pipeline.stopping:
             break
