@@ -2,7 +2,9 @@
 
 ``SELECT ... FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY k [, window_start] ORDER BY
 x DESC) AS rn FROM source) t WHERE rn <= N`` (RANK and DENSE_RANK too; Nexmark q9, q18,
-q19) and ``SELECT ... FROM source [WHERE ...] ORDER BY ... LIMIT N`` (over everything).
+q19), ``SELECT ... FROM source [WHERE ...] ORDER BY ... LIMIT N`` (over everything) and
+``SELECT DISTINCT ON (k) ... FROM source ORDER BY k, x DESC`` (PostgreSQL's dedup: the
+first row of each key; rewriter.derived_select checks its ORDER BY).
 The source is any stream (rows, or an aggregate stream's consolidated rows, as in "the
 window's hottest item" shapes), or ``TUMBLE(stream, time_column, INTERVAL '...')`` of a
 stream of rows, which gives each row its window_start and window_end.
@@ -43,7 +45,8 @@ TOP_N_FORM = (
 
 
 def is_top_n(select: exp.Expr) -> bool:
-    """A ranking subquery filtered on its rank, or ORDER BY ... LIMIT over a stream."""
+    """A ranking subquery filtered on its rank, ORDER BY ... LIMIT over a stream, or
+    DISTINCT ON over a stream (the first row of each key, in the ORDER BY's order)."""
     if not isinstance(select, exp.Select) or select.args.get("joins"):
         return False
     from_ = select.args.get("from_")
@@ -51,9 +54,10 @@ def is_top_n(select: exp.Expr) -> bool:
     if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select):
         # The subquery ranks its own rows (a window in its select list, not deeper down).
         return any(e.find(exp.Window) is not None for e in item.this.expressions)
+    distinct = select.args.get("distinct")
     return (
         isinstance(item, exp.Table)
-        and bool(select.args.get("limit"))
+        and bool(select.args.get("limit") or (distinct and distinct.args.get("on")))
         and not select.args.get("group")
     )
 
@@ -80,9 +84,13 @@ def build_top_n(
     columns = [OutputColumn(n, None) for n in _names(view, ranked, source)]
     window = ranked.args["from_"].this
     ranked.args["from_"].set("this", _rows(window, source))
+    distinct = view.args.get("distinct")
     reason = (
-        "top-N: a late row can push another out of the first N, so the source's rows are "
-        "ranked on read"
+        "DISTINCT ON: a late row can take the place of the row kept for its key, so the "
+        "source's rows are deduplicated on read"
+        if distinct is not None and distinct.args.get("on") is not None
+        else "top-N: a late row can push another out of the first N, so the source's rows "
+        "are ranked on read"
     )
     return OnReadStreamPlan(
         name=name,

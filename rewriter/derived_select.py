@@ -76,12 +76,13 @@ def _refusal(node: exp.Expr) -> str:
     )
 
 
-def check_statement(query: exp.Expr) -> None:
+def check_statement(query: exp.Expr, *, nested: bool = False) -> None:
     """Refuse, by name, what no kind of derived stream supports, before any pass reads the
-    statement (a pass would otherwise fail on it with a message about something else)."""
+    statement (a pass would otherwise fail on it with a message about something else).
+    ``nested``: ``query`` is a subquery of the statement, or a branch of its UNION."""
     if isinstance(query, exp.Union):
-        check_statement(query.this)
-        check_statement(query.expression)
+        check_statement(query.this, nested=True)
+        check_statement(query.expression, nested=True)
         return
     if not isinstance(query, exp.Select):
         return
@@ -96,9 +97,7 @@ def check_statement(query: exp.Expr) -> None:
             )
     distinct = query.args.get("distinct")
     if distinct is not None and distinct.args.get("on") is not None:
-        raise UnsupportedSQL(
-            f"DISTINCT ON is not supported; keep one row per key with {_DEDUP_FORM}"
-        )
+        _check_distinct_on(query, distinct.args["on"], nested)
     if query.args.get("limit") is not None and query.args.get("order") is None:
         raise UnsupportedSQL(
             "LIMIT without ORDER BY keeps arbitrary rows, which differ from read to read; "
@@ -120,7 +119,66 @@ def check_statement(query: exp.Expr) -> None:
         if isinstance(input_, exp.Subquery):
             if not isinstance(input_.this, exp.Select | exp.Union):
                 raise UnsupportedSQL(_refusal(input_))
-            check_statement(input_.this)
+            check_statement(input_.this, nested=True)
+
+
+_DISTINCT_ON_FORM = (
+    "SELECT DISTINCT ON (k) k, x, t FROM stream ORDER BY k, t DESC (or FROM TUMBLE(stream, t, "
+    "INTERVAL '...') w)"
+)
+
+
+def _check_distinct_on(select: exp.Select, on: exp.Expr, nested: bool) -> None:
+    """DISTINCT ON is a stream's own SELECT over one stream's rows (a top-N, ranked on read:
+    rewriter.build_top_n), its first ORDER BY expressions the DISTINCT ON ones, as
+    PostgreSQL requires, and its ORDER BY saying which row of each key is kept."""
+    if nested:
+        raise UnsupportedSQL(
+            "DISTINCT ON is supported as a stream's own SELECT, not in a subquery or a UNION: "
+            f"create it as a stream of its own ({_DISTINCT_ON_FORM}) and read that stream"
+        )
+    if (
+        select.args.get("joins")
+        or select.args.get("group")
+        or not isinstance(
+            select.args["from_"].this if select.args.get("from_") else None, exp.Table
+        )
+    ):
+        raise UnsupportedSQL(
+            "DISTINCT ON keeps one row per key of one stream's rows: join or aggregate in a "
+            f"stream of its own first, then keep its rows with {_DISTINCT_ON_FORM}"
+        )
+    order = select.args.get("order")
+    if order is None:
+        raise UnsupportedSQL(
+            "DISTINCT ON without ORDER BY keeps an arbitrary row per key, which differs from "
+            f"read to read; say which with ORDER BY: {_DISTINCT_ON_FORM}"
+        )
+    keys = [_resolved(select, e) for e in (on.expressions if isinstance(on, exp.Tuple) else [on])]
+    leading = [_resolved(select, o.this) for o in order.expressions[: len(keys)]]
+    if sorted(keys) != sorted(leading):
+        raise UnsupportedSQL(
+            "SELECT DISTINCT ON expressions must match initial ORDER BY expressions (as in "
+            f"PostgreSQL): {_DISTINCT_ON_FORM}"
+        )
+
+
+def _resolved(select: exp.Select, expression: exp.Expr) -> str:
+    """An ORDER BY or DISTINCT ON expression as PostgreSQL reads it: a position or a select
+    item's name stands for that item; table qualifiers dropped, to compare."""
+    items = select.expressions
+    if isinstance(expression, exp.Literal) and expression.is_int:
+        position = int(expression.name)
+        if 1 <= position <= len(items):
+            expression = items[position - 1]
+    elif isinstance(expression, exp.Column) and not expression.table:
+        named = [i for i in items if isinstance(i, exp.Alias) and i.alias == expression.name]
+        if named:
+            expression = named[0]
+    bare = expression.unalias().copy()
+    for column in bare.find_all(exp.Column):
+        column.set("table", None)
+    return bare.sql("postgres")
 
 
 def output_name(item: exp.Expr) -> str:

@@ -7,7 +7,8 @@ joined (q5: the counts joined with their maximum, itself over a subquery; q7: th
 joined with each window's maximum price) and a ranking over a join selecting ``a.*`` (q9).
 After the restart, and the runs the server never took posted again, every run sent is
 archived once (the ledger's set check) and every view equals its batch query over the
-raw rows. A stream calling the user's SQL function (inlined) is among them."""
+raw rows. A stream calling the user's SQL function (inlined) is among them, and one
+deduplicating with DISTINCT ON."""
 
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ STREAMS = (
     "ROW_NUMBER() OVER (PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum "
     "FROM auction a JOIN bid b ON a.id = b.auction AND b.t BETWEEN a.t AND "
     "a.t + INTERVAL '1 hour') x WHERE rownum <= 1",
+    # PostgreSQL's dedup: each auction's last bid, deduplicated on read.
+    "CREATE STREAM last_bid AS SELECT DISTINCT ON (auction) auction, price, url, t FROM bid "
+    "ORDER BY auction, t DESC, price DESC, url DESC",
 )
 _HOPS = (
     "(SELECT b.*, w AS starttime, w + INTERVAL '1 hour' AS endtime FROM bid b, "
@@ -121,6 +125,10 @@ ORACLES = {
         "(PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum FROM auction a JOIN "
         "bid b ON a.id = b.auction AND b.t BETWEEN a.t AND a.t + INTERVAL '1 hour') x "
         "WHERE rownum <= 1"
+    ),
+    "SELECT * FROM last_bid": (
+        "SELECT auction, price, url, t FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction "
+        "ORDER BY t DESC, price DESC, url DESC) AS k FROM bid) b WHERE k = 1"
     ),
 }
 URLS = (

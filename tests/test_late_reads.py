@@ -60,6 +60,10 @@ STREAMS = {
         "SELECT campaign, n, t FROM (SELECT campaign, n, t, ROW_NUMBER() OVER (PARTITION BY t "
         "ORDER BY n DESC, campaign) AS rn FROM per_minute) x WHERE rn <= 2"
     ),
+    # DISTINCT ON over an aggregate stream's rows: each minute's busiest campaign.
+    "busiest_campaign": (
+        "SELECT DISTINCT ON (t) t, campaign, n FROM per_minute ORDER BY t, n DESC, campaign"
+    ),
     # An aggregate joined with a table.
     "by_owner": (
         "SELECT o.owner, sum(c.price) AS spent, count(*) AS n, window_start "
@@ -119,6 +123,10 @@ ORACLES = {
     "SELECT * FROM leaders": (
         "SELECT campaign, n, t FROM (SELECT campaign, n, t, ROW_NUMBER() OVER (PARTITION BY t "
         f"ORDER BY n DESC, campaign) AS rn FROM ({MINUTES}) m) x WHERE rn <= 2"
+    ),
+    "SELECT * FROM busiest_campaign": (
+        "SELECT t, campaign, n FROM (SELECT t, campaign, n, ROW_NUMBER() OVER (PARTITION BY t "
+        f"ORDER BY n DESC, campaign) AS rn FROM ({MINUTES}) m) x WHERE rn = 1"
     ),
     "SELECT * FROM by_owner": (
         f"SELECT o.owner, sum(c.price), count(*), date_bin('1 minute', c.t, {EPOCH}) "

@@ -43,6 +43,23 @@ QUERIES = {
         "SELECT id, price FROM {bid} WHERE price > 10 ORDER BY price DESC, id LIMIT 5",
         "id, price",
     ),
+    # PostgreSQL's dedup, DISTINCT ON: the first row of each key in the ORDER BY's order,
+    # over the raw rows, their TUMBLE windows (keys and order by alias and position), and an
+    # aggregate stream's rows (every column, by *).
+    "latest": (
+        "SELECT DISTINCT ON (auction) auction, id, price FROM {bid} "
+        "ORDER BY auction, date_time DESC, id DESC",
+        "auction, id, price",
+    ),
+    "dearest_in_window": (
+        "SELECT DISTINCT ON (w, auction) window_start AS w, auction, price * 2 AS p FROM "
+        "TUMBLE({bid}, date_time, INTERVAL '10 minutes') b ORDER BY 1, 2, p DESC, id",
+        "w, auction, p",
+    ),
+    "busiest": (
+        "SELECT DISTINCT ON (window_start) * FROM {counts} ORDER BY window_start, n DESC, auction",
+        "window_start, auction, n",
+    ),
     # Other window functions, on read too: over the raw rows, and running sums over an
     # aggregate stream's windows (what a cumulating window gives).
     "previous": (
@@ -103,7 +120,28 @@ def model(bids: list[Bid]) -> dict[str, list[tuple]]:
         hour = window(w, 3600)
         total = sum(c for (b, v), c in counts.items() if b == a and hour <= v <= w)
         so_far.append((a, time(w), total))
+    latest = [
+        (a, i, p)
+        for i, a, p, _ in (max(rows, key=lambda b: (b[3], b[0])) for rows in by_time.values())
+    ]
+    in_window: dict[tuple[int, int], list[Bid]] = defaultdict(list)
+    for bid in bids:
+        in_window[window(bid[3], 600), bid[1]].append(bid)
+    dearest_in_window = [
+        (time(w), a, 2 * min(rows, key=lambda b: (-b[2], b[0]))[2])
+        for (w, a), rows in in_window.items()
+    ]
+    by_window: dict[int, list[tuple[int, int]]] = defaultdict(list)  # window -> (auction, bids)
+    for (a, w), n in counts.items():
+        by_window[w].append((a, n))
+    busiest = [
+        (time(w), *min(pairs, key=lambda pair: (-pair[1], pair[0])))
+        for w, pairs in by_window.items()
+    ]
     return {
+        "latest": latest,
+        "dearest_in_window": dearest_in_window,
+        "busiest": busiest,
         "top3": top3,
         "first_bid": first_bid,
         "hottest": hottest,
@@ -212,4 +250,13 @@ def test_top_n_refusals_name_the_construct(module_strata: Strata) -> None:
     assert "computed on read" in refused(
         f"SELECT count(*) AS c, window_start FROM TUMBLE(top_{n}, t, INTERVAL '1 hour') "
         "GROUP BY window_start"
+    )
+    # DISTINCT ON: which row of each key must be said, as PostgreSQL orders it.
+    assert "arbitrary row per key" in refused(f"SELECT DISTINCT ON (auction) * FROM b_{n}")
+    assert "must match initial ORDER BY" in refused(
+        f"SELECT DISTINCT ON (auction) * FROM b_{n} ORDER BY t, auction"
+    )
+    assert "join or aggregate in a stream of its own first" in refused(
+        f"SELECT DISTINCT ON (auction) auction, max(price) AS m FROM b_{n} GROUP BY auction "
+        "ORDER BY auction"
     )
