@@ -697,3 +697,52 @@ def test_any_split_and_order_gives_postgresql_results(
                 assert _same_digits(got[k], expected[k]), (k, got[k], expected[k])
     # The example proved something: groups to compare, and a run that came late.
     assert oracle and late(runs, lambda row: row["t"]) and late_runs(strata, raw) > 0
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_sketch_merges_equal_the_union_and_the_sums(module_strata: Strata, parallel: bool) -> None:
+    """The merge aggregates over many states, gathered and compacted as they go (and
+    combined across parallel workers): the KMV union is the 1,024 smallest distinct hashes
+    of all states, the DDSketch merge each bucket's counts added, as computed in Python."""
+    rng = random.Random(29 + parallel)
+    groups: dict[int, tuple[list[list[int]], list[dict[str, int]]]] = {}
+    for g in range(6):
+        states = 1 + (g * 37) % 150  # up to 149 states: several compactions each
+        hashes = [
+            sorted(rng.sample(range(-(10**4) * (g + 1), 10**4 * (g + 1)), rng.randint(0, 1024)))
+            for _ in range(states)
+        ]
+        buckets = [
+            {str(rng.randint(-5, 40)): rng.randint(1, 9) for _ in range(rng.randint(0, 12))}
+            for _ in range(states)
+        ]
+        groups[g] = (hashes, buckets)
+    rows = [
+        (g, hashes, json.dumps(buckets))
+        for g, (all_hashes, all_buckets) in groups.items()
+        for hashes, buckets in zip(all_hashes, all_buckets, strict=True)
+    ]
+    rng.shuffle(rows)
+    with psycopg.connect(module_strata.database_url) as conn:
+        conn.execute("CREATE TEMP TABLE states (g integer, kmv bigint[], dd jsonb)")
+        with conn.cursor().copy("COPY states FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        conn.execute("ANALYZE states")
+        if parallel:
+            for setting in ("parallel_setup_cost", "parallel_tuple_cost"):
+                conn.execute(f"SET {setting} = 0")
+            conn.execute("SET min_parallel_table_scan_size = 0")
+            conn.execute("SET debug_parallel_query = on")
+        merged = conn.execute(
+            "SELECT g, strata_kmv_union(kmv), strata_ddsketch_merge(dd) FROM states GROUP BY g"
+        ).fetchall()
+    assert len(merged) == len(groups)
+    for g, kmv, dd in merged:
+        all_hashes, all_buckets = groups[g]
+        assert kmv == sorted({h for hashes in all_hashes for h in hashes})[:KMV_K], g
+        sums: dict[str, int] = {}
+        for buckets in all_buckets:
+            for bucket, count in buckets.items():
+                sums[bucket] = sums.get(bucket, 0) + count
+        assert dd == sums, g

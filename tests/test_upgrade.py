@@ -44,9 +44,17 @@ from tests.conftest import Strata, new_database, strata_client
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
 PREVIOUS_RELEASE_HEAD = "0006"
 
-# Functions added since the last release: 0010's granting the reader a view, and the
-# change feed's trigger on the tables streams join (sql/005_feed.sql, installed at start).
-ADDED_SINCE_PREVIOUS_RELEASE = {"strata_grant_reader(regclass)", "strata_table_changed()"}
+# Functions added since the last release: 0010's granting the reader a view, the change
+# feed's trigger on the tables streams join (sql/005_feed.sql, installed at start), and the
+# sketches' cheaper transitions and final functions (sql/002_aggregates.sql).
+ADDED_SINCE_PREVIOUS_RELEASE = {
+    "strata_grant_reader(regclass)",
+    "strata_table_changed()",
+    "strata_kmv_compact(bigint[])",
+    "strata_kmv_gather(bigint[],bigint[])",
+    "strata_ddsketch_sum(jsonb)",
+    "strata_ddsketch_gather(jsonb,jsonb)",
+}
 
 # Written by 0.1.0 (tests/fixtures/releases/make_v0_1_0.py).
 V0_1_0 = Path(__file__).resolve().parent / "fixtures" / "releases" / "v0.1.0.sql"
@@ -182,6 +190,7 @@ def test_the_previous_releases_database_gets_todays_functions_at_start(
         assert changed == {
             "strata_window_start(timestamp with time zone,bigint)",
             "strata_kmv_union(bigint[])",
+            "strata_ddsketch_merge(jsonb)",
         }, "the test would prove nothing"
 
         start(fresh_db)
