@@ -154,9 +154,10 @@ def _check_distinct_on(select: exp.Select, on: exp.Expr, nested: bool) -> None:
             "DISTINCT ON without ORDER BY keeps an arbitrary row per key, which differs from "
             f"read to read; say which with ORDER BY: {_DISTINCT_ON_FORM}"
         )
-    keys = [_resolved(select, e) for e in (on.expressions if isinstance(on, exp.Tuple) else [on])]
+    keys = {_resolved(select, e) for e in (on.expressions if isinstance(on, exp.Tuple) else [on])}
+    # PostgreSQL's rule: the leading ORDER BY items are DISTINCT ON ones, until those run out.
     leading = [_resolved(select, o.this) for o in order.expressions[: len(keys)]]
-    if sorted(keys) != sorted(leading):
+    if not keys.issuperset(leading):
         raise UnsupportedSQL(
             "SELECT DISTINCT ON expressions must match initial ORDER BY expressions (as in "
             f"PostgreSQL): {_DISTINCT_ON_FORM}"
