@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -317,7 +318,28 @@ def draw(
     plt.close(figure)
 
 
+# What a minute of posting may leave on disk, at most (raw and partial archives, WAL, the
+# spool): the full run's ten minutes wrote over 10 GB on the 2-core machine, and a disk
+# that fills stops PostgreSQL half-way, which the benchmark then reports only as a closed
+# connection.
+DISK_PER_MINUTE = 2.5e9
+
+
+def check_disk(directory: Path, minutes: float, free: float | None = None) -> None:
+    """Refuse to start when ``directory`` has less free space than ``minutes`` of posting
+    may take (``free``: bytes free, measured when None)."""
+    wanted = minutes * DISK_PER_MINUTE
+    free = shutil.disk_usage(directory).free if free is None else free
+    if free < wanted:
+        raise BenchError(
+            f"the sustained benchmark may write {wanted / 1e9:.1f} GB ({minutes:g} minutes of "
+            f"posting) under {directory}, which has {free / 1e9:.1f} GB free: free some space "
+            "or post for fewer --minutes"
+        )
+
+
 def run_benchmark(args: argparse.Namespace, picture: Path | None) -> tuple[int, list[Result]]:
+    check_disk(Path(tempfile.gettempdir()), args.minutes)
     started = time.monotonic()
     data = generate(args.pool * args.run_rows, args.run_rows, args.seed)
     timings = [Timing("generate CSV", 0, time.monotonic() - started, f"{len(data.bodies)} bodies")]

@@ -15,8 +15,10 @@ from bench import peer_flink
 from bench.harness import data, flink, lateness, nexmark, nexmark_flink, nexmark_queries
 from bench.harness import percentile as percentile_module
 from bench.harness.data import HOUR_MS, day_timestamp
+from bench.harness.errors import BenchError
 from bench.harness.lateness import HOURS_LATE
 from bench.harness.percentile import percentile
+from bench.sustained import check_disk
 
 
 @pytest.mark.parametrize("module", [percentile_module, data, lateness], ids=lambda m: m.__name__)
@@ -129,3 +131,14 @@ def test_the_nexmark_queries_flink_runs() -> None:
     assert bid.endswith("WATERMARK FOR date_time AS date_time - INTERVAL '1' HOUR")
     side = nexmark_flink.side_input_csv().decode().splitlines()
     assert len(side) == nexmark_queries.SIDE_INPUT_KEYS and side[7] == "7,value-7"
+
+
+def test_the_sustained_benchmark_refuses_to_start_without_the_disk_it_needs(
+    tmp_path: Path,
+) -> None:
+    """A disk that fills stops PostgreSQL half-way through the ten minutes; the benchmark
+    says so before it starts, with what it wants and what is free."""
+    with pytest.raises(BenchError, match=r"may write 25\.0 GB .* has 20\.0 GB free"):
+        check_disk(tmp_path, 10, free=20e9)
+    check_disk(tmp_path, 10, free=26e9)
+    check_disk(tmp_path, 0.25)  # the smoke scale's quarter of a minute fits anywhere here
