@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import create_index, create_view, drop, table
-from rewriter.derived_select import check_shown_time, output_name
+from rewriter.derived_select import check_shown_time, output_name, positional_item
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import (
     OutputColumn,
@@ -234,11 +234,9 @@ def _and_where(query: exp.Select, condition: exp.Expr) -> exp.Select:
 
 def _groups_by_window(select: exp.Select) -> bool:
     group = select.args.get("group")
-    items = list(select.expressions)
-    for key in group.expressions if group else ():
-        if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.name) <= len(items):
-            key = items[int(key.name) - 1]
-            key = key.this if isinstance(key, exp.Alias) else key
+    for item in group.expressions if group else ():
+        by_position = positional_item(select, item)
+        key = item if by_position is None else by_position
         if any(
             c.name in (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN) and not c.table
             for c in key.find_all(exp.Column)

@@ -164,14 +164,22 @@ def _check_distinct_on(select: exp.Select, on: exp.Expr, nested: bool) -> None:
         )
 
 
+def positional_item(select: exp.Select, key: exp.Expr) -> exp.Expr | None:
+    """The select item (unaliased) that ``key``, a GROUP BY, ORDER BY or DISTINCT ON item,
+    names by its position (``GROUP BY 1``); None when ``key`` is no position of an item."""
+    items = select.expressions
+    if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.name) <= len(items):
+        return items[int(key.name) - 1].unalias()
+    return None
+
+
 def _resolved(select: exp.Select, expression: exp.Expr) -> str:
     """An ORDER BY or DISTINCT ON expression as PostgreSQL reads it: a position or a select
     item's name stands for that item; table qualifiers dropped, to compare."""
     items = select.expressions
-    if isinstance(expression, exp.Literal) and expression.is_int:
-        position = int(expression.name)
-        if 1 <= position <= len(items):
-            expression = items[position - 1]
+    by_position = positional_item(select, expression)
+    if by_position is not None:
+        expression = by_position
     elif isinstance(expression, exp.Column) and not expression.table:
         named = [i for i in items if isinstance(i, exp.Alias) and i.alias == expression.name]
         if named:

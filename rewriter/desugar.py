@@ -25,6 +25,7 @@ from sqlglot.errors import ParseError
 from sqlglot.tokens import Token, TokenType
 
 from rewriter import naming
+from rewriter.derived_select import positional_item
 from rewriter.errors import InvalidSQL, UnsupportedSQL
 from rewriter.positions import Place, position_of
 
@@ -260,12 +261,9 @@ def _is_window_column(node: exp.Expr) -> bool:
 
 def _groups_by_window(select: exp.Select) -> bool:
     group = select.args.get("group")
-    items = select.expressions
-    for key in group.expressions if group else []:
-        if isinstance(key, exp.Literal) and not key.is_string and key.name.isdigit():
-            position = int(key.name)
-            if 1 <= position <= len(items):
-                key = items[position - 1].unalias()
+    for item in group.expressions if group else []:
+        by_position = positional_item(select, item)
+        key = item if by_position is None else by_position
         if _is_window_column(key):
             return True
     return False
