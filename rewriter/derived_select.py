@@ -20,7 +20,6 @@ _UNSUPPORTED_CLAUSES = {
     "order": "ORDER BY",
     "limit": "LIMIT",
     "offset": "OFFSET",
-    "with_": "WITH (common table expressions)",
     "windows": "WINDOW",
     "qualify": "QUALIFY",
 }
@@ -34,7 +33,6 @@ _INSTEAD = {
     "order": "a view has no order: order when reading it (SELECT ... FROM stream ORDER BY "
     "...), or keep the first N rows with ORDER BY ... LIMIT N over a stream",
     "distinct": "group the rows instead (GROUP BY every selected column)",
-    "with_": "create each common table expression as a stream of its own, and select from it",
 }
 
 

@@ -15,6 +15,7 @@ from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
 from rewriter.flink_syntax import SessionPartition, desugar_functions, flink_function
 from rewriter.flink_syntax import read as read_flink
+from rewriter.inline_ctes import inline_ctes
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.resolve_window import parse_interval
@@ -443,6 +444,7 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     # seeds/003 writes AS (SELECT ...).
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
+    query = inline_ctes(query)
     if isinstance(query, exp.Union) and query.args.get("distinct"):
         raise UnsupportedSQL(
             "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",

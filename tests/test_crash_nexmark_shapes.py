@@ -7,8 +7,8 @@ joined (q5: the counts joined with their maximum, itself over a subquery; q7: th
 joined with each window's maximum price) and a ranking over a join selecting ``a.*`` (q9).
 After the restart, and the runs the server never took posted again, every run sent is
 archived once (the ledger's set check) and every view equals its batch query over the
-raw rows. A stream calling the user's SQL function (inlined) is among them, and one
-deduplicating with DISTINCT ON."""
+raw rows. A stream calling the user's SQL function (inlined) is among them, one
+deduplicating with DISTINCT ON, and q7 written with WITH."""
 
 from __future__ import annotations
 
@@ -75,6 +75,12 @@ STREAMS = (
     "ROW_NUMBER() OVER (PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum "
     "FROM auction a JOIN bid b ON a.id = b.auction AND b.t BETWEEN a.t AND "
     "a.t + INTERVAL '1 hour') x WHERE rownum <= 1",
+    # q7 written with WITH, the window's maximum a common table expression naming its
+    # columns (inlined as the subquery joined).
+    "CREATE STREAM q7w AS WITH B1 (maxprice, t) AS (SELECT MAX(price), window_end "
+    "FROM TUMBLE(bid, t, INTERVAL '10 minutes') GROUP BY window_start, window_end) "
+    "SELECT B.auction, B.price, B.url, B.t FROM bid B JOIN B1 ON B.price = B1.maxprice "
+    "WHERE B.t BETWEEN B1.t - INTERVAL '10 minutes' AND B1.t",
     # PostgreSQL's dedup: each auction's last bid, deduplicated on read.
     "CREATE STREAM last_bid AS SELECT DISTINCT ON (auction) auction, price, url, t FROM bid "
     "ORDER BY auction, t DESC, price DESC, url DESC",
@@ -115,6 +121,12 @@ ORACLES = {
         "ON ab.starttime = mb.starttime AND ab.endtime = mb.endtime AND ab.num >= mb.maxn"
     ),
     "SELECT * FROM q7": (
+        "SELECT b.auction, b.price, b.url, b.t FROM bid b JOIN (SELECT max(price) AS maxprice, "
+        "date_bin('10 minutes', t, timestamptz 'epoch') + INTERVAL '10 minutes' AS t FROM bid "
+        "GROUP BY 2) b1 ON b.price = b1.maxprice "
+        "WHERE b.t BETWEEN b1.t - INTERVAL '10 minutes' AND b1.t"
+    ),
+    "SELECT * FROM q7w": (
         "SELECT b.auction, b.price, b.url, b.t FROM bid b JOIN (SELECT max(price) AS maxprice, "
         "date_bin('10 minutes', t, timestamptz 'epoch') + INTERVAL '10 minutes' AS t FROM bid "
         "GROUP BY 2) b1 ON b.price = b1.maxprice "
