@@ -220,12 +220,19 @@ def join_input_stream(stream: str, position: int) -> str:
     return f"{stream}__in{position}"
 
 
-_MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+)")
+def with_stream(stream: str, position: int) -> str:
+    """The stream a common table expression read by a window call becomes (``position``:
+    its place among those, from 1)."""
+    return f"{stream}__with{position}"
+
+
+_MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+|with[0-9]+)")
 
 
 def made_with(stream: str, names: Iterable[str]) -> list[str]:
     """Those of ``names`` that are streams made with ``stream`` from its statement (its join
-    ``__rows``, its subquery ``__inner``, its subqueries joined ``__in<k>``), in the order
+    ``__rows``, its subquery ``__inner``, its subqueries joined ``__in<k>``, the common
+    table expressions its window calls read ``__with<k>``), in the order
     of ``names``."""
     return [
         n

@@ -44,6 +44,10 @@ class RawStreamStatement:
 class DerivedStreamStatement:
     name: str
     select: exp.Select | exp.Union  # UNION ALL: a stream of rows of several raw streams
+    # The streams made with it for the common table expressions its window calls read:
+    # (name, CREATE STREAM), created before it (rewriter.inline_ctes).
+    with_streams: tuple[tuple[str, str], ...] = ()
+    with_bodies: tuple[exp.Query, ...] = ()  # their queries, positions in the statement kept
 
 
 StreamStatement = RawStreamStatement | DerivedStreamStatement
@@ -122,7 +126,17 @@ def derived_select(sql: str) -> exp.Select | exp.Union | None:
         statement = parse_stream(sql)
     except (StrataError, RecursionError):
         return None
-    return statement.select if isinstance(statement, DerivedStreamStatement) else None
+    if not isinstance(statement, DerivedStreamStatement):
+        return None
+    if not statement.with_streams:
+        return statement.select
+    # What the streams made with it read is read for it: a union of their queries.
+    selects = [statement.select]
+    selects += [s for _, text in statement.with_streams if (s := derived_select(text))]
+    union: exp.Select | exp.Union = selects[0]
+    for select in selects[1:]:
+        union = exp.union(union, select, distinct=False)
+    return union
 
 
 def _refuse_foreign_clauses(sql: str, tokens: list[Token]) -> None:
@@ -444,14 +458,15 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     # seeds/003 writes AS (SELECT ...).
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
-    query = inline_ctes(query)
+    inlined = inline_ctes(query, name)
+    query = inlined.query
     if isinstance(query, exp.Union) and query.args.get("distinct"):
         raise UnsupportedSQL(
             "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",
             position=position_of(query),
         )
     if isinstance(query, exp.Union) and not windows:
-        return DerivedStreamStatement(name, query.copy())
+        return DerivedStreamStatement(name, query.copy(), inlined.companions, inlined.bodies)
     if not isinstance(query, exp.Select):
         raise UnsupportedSQL(
             f"a derived stream is defined by one SELECT (found {type(query).__name__.upper()}), "
@@ -461,7 +476,7 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     select = _distinct_as_groups(_window_subqueries(_group_windows(desugar(query, windows))))
     if names:
         select = _named_columns(select, names)
-    return DerivedStreamStatement(name, select)
+    return DerivedStreamStatement(name, select, inlined.companions, inlined.bodies)
 
 
 # Flink's group windows (GROUP BY k, TUMBLE(t, size), with TUMBLE_START(t, size) and

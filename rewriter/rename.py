@@ -57,7 +57,8 @@ def rename_streams(sql: str, names: Mapping[str, str]) -> str:
     if statement.name in names:
         spans[_Span(body[2].start, body[2].end)] = names[statement.name]
     if isinstance(statement, DerivedStreamStatement):
-        for identifier in _stream_identifiers(statement.select):
+        read = [statement.select, *statement.with_bodies]
+        for identifier in (i for query in read for i in _stream_identifiers(query)):
             name = identifier.this if identifier.quoted else identifier.this.lower()
             meta = identifier.meta
             if name in names and "start" in meta and "end" in meta:

@@ -104,22 +104,50 @@ def companions(
     """(the stream's name, [(companion's name, its CREATE STREAM), ...]) when ``sql`` is
     built on streams the server creates first, in order, in the same transaction: the join
     of an aggregate over a join in one statement (``<name>__rows``), a subquery in FROM
-    (``<name>__inner``), or the subqueries joined in FROM (``<name>__in<k>``). None for
+    (``<name>__inner``), or the subqueries joined in FROM (``<name>__in<k>``), after the
+    common table expressions its window calls read (``<name>__with<k>``). None for
     other statements (and for those whose error planning them reports). A companion's
     statement holds the user functions' bodies inlined: it needs no functions of its own."""
     try:
         statement = parse_stream(sql)
         if isinstance(statement, RawStreamStatement):
             return None
+        first = list(statement.with_streams)
+        if first:
+            streams = _planned(first, streams, tables, functions)
         select = inline_functions(statement.select, functions or {})
         if has_subquery_inputs(select):
             assert isinstance(select, exp.Select)
             check_statement(select)
-            return statement.name, input_statements(statement.name, select)
+            return statement.name, first + input_statements(statement.name, select)
         made = _companion(statement.name, select, streams, tables)
-        return None if made is None else (statement.name, [made])
+        if made is None:
+            return (statement.name, first) if first else None
+        return statement.name, [*first, made]
     except (StrataError, RecursionError):
         return None
+
+
+def _planned(
+    statements: list[tuple[str, str]],
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema] | None,
+    functions: Mapping[str, SqlFunction] | None,
+) -> dict[str, StreamPlan]:
+    """``streams`` and the plans of ``statements`` (with their own companions), as they will
+    be once the server has created them: what a further companion is planned over."""
+    planned = dict(streams)
+
+    def plan(text: str) -> None:
+        made = companions(text, planned, tables, functions)
+        for _, statement in made[1] if made else []:
+            plan(statement)
+        stream = rewrite(text, planned, tables, functions)
+        planned[stream.name] = stream
+
+    for _, text in statements:
+        plan(text)
+    return planned
 
 
 def _companion(
@@ -152,6 +180,7 @@ def _rewrite(
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
+    _check_with_streams(statement.name, statement.with_streams, streams, tables, functions)
     select = inline_functions(statement.select, functions)
     check_statement(select)
     if has_subquery_inputs(select):
@@ -187,6 +216,34 @@ def _rewrite(
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
     return _windowed(statement.name, select, streams)
+
+
+def _check_with_streams(
+    name: str,
+    statements: tuple[tuple[str, str], ...],
+    streams: Mapping[str, StreamPlan],
+    tables: Mapping[str, TableSchema],
+    functions: Mapping[str, SqlFunction],
+) -> None:
+    """The streams made for the common table expressions ``name``'s window calls read exist;
+    when one does not, the error planning it reports (else that the server makes it)."""
+    missing = [(n, text) for n, text in statements if n not in streams]
+    if not missing:
+        return
+    planned = dict(streams)
+    for made, text in missing:
+        try:
+            planned = _planned([(made, text)], planned, tables, functions)
+        except StrataError as error:
+            raise type(error)(
+                "a common table expression read by a window call is planned as a stream of "
+                f"its own, {made!r} ({text.split(' AS ', 1)[1]}), which cannot be: "
+                f"{error.message}"
+            ) from None
+    raise UnknownSource(
+        f"the stream {missing[0][0]!r} that {name!r} reads does not exist (the server creates "
+        "it with the stream)"
+    )
 
 
 def _join_split(

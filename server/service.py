@@ -287,8 +287,8 @@ class StrataService:
 
     def _drop(self, connection: sa.Connection, records: dict[str, StreamRecord], name: str) -> None:
         """Drop ``name``, then the streams made with it (its join ``<name>__rows``, its
-        subquery ``<name>__inner``, its subqueries joined ``<name>__in<k>``) that no other
-        stream reads."""
+        subquery ``<name>__inner``, its subqueries joined ``<name>__in<k>``, the common table
+        expressions its window calls read ``<name>__with<k>``) that no other stream reads."""
         for statement in records[name].plan.drop_statements:
             catalog.execute_plan_sql(connection, statement)
         catalog.delete_stream(connection, name)

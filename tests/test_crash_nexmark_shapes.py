@@ -8,7 +8,8 @@ joined with each window's maximum price) and a ranking over a join selecting ``a
 After the restart, and the runs the server never took posted again, every run sent is
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
-deduplicating with DISTINCT ON, and q7 written with WITH."""
+deduplicating with DISTINCT ON, q7 written with WITH, and a window call over a common
+table expression."""
 
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ STREAMS = (
     "FROM TUMBLE(bid, t, INTERVAL '10 minutes') GROUP BY window_start, window_end) "
     "SELECT B.auction, B.price, B.url, B.t FROM bid B JOIN B1 ON B.price = B1.maxprice "
     "WHERE B.t BETWEEN B1.t - INTERVAL '10 minutes' AND B1.t",
+    # A window call over a common table expression (made a stream with this one).
+    "CREATE STREAM dear_hourly AS WITH dear AS (SELECT auction, price, t FROM bid "
+    "WHERE price > 50) SELECT auction, count(*) AS n, sum(price) AS s, window_start "
+    "FROM TUMBLE(dear, t, INTERVAL '1 hour') GROUP BY auction, window_start",
     # PostgreSQL's dedup: each auction's last bid, deduplicated on read.
     "CREATE STREAM last_bid AS SELECT DISTINCT ON (auction) auction, price, url, t FROM bid "
     "ORDER BY auction, t DESC, price DESC, url DESC",
@@ -131,6 +136,10 @@ ORACLES = {
         "date_bin('10 minutes', t, timestamptz 'epoch') + INTERVAL '10 minutes' AS t FROM bid "
         "GROUP BY 2) b1 ON b.price = b1.maxprice "
         "WHERE b.t BETWEEN b1.t - INTERVAL '10 minutes' AND b1.t"
+    ),
+    "SELECT * FROM dear_hourly": (
+        "SELECT auction, count(*), sum(price), date_bin('1 hour', t, timestamptz 'epoch') "
+        "FROM bid WHERE price > 50 GROUP BY 1, 4"
     ),
     "SELECT * FROM q9": (
         "SELECT * FROM (SELECT a.*, b.auction, b.price, b.url, b.t AS bid_t, ROW_NUMBER() OVER "

@@ -74,6 +74,13 @@ BIG_WITH = (
     "big AS (SELECT who, hour FROM per_bidder WHERE spent >= 10) "
     "SELECT hour, count(*) AS big_bidders FROM big GROUP BY hour"
 )
+# A window call reading a common table expression: the expression is a stream made with
+# this one (``__with1``), aggregated per run like any stream.
+TUMBLE_WITH = (
+    "WITH dear AS (SELECT auction, price, date_time FROM {bid} WHERE price > 5) "
+    "SELECT auction, count(*) AS n, sum(price) AS s, window_start "
+    "FROM TUMBLE(dear, date_time, INTERVAL '1 hour') GROUP BY auction, window_start"
+)
 
 
 def _hops(bid: str) -> str:
@@ -114,7 +121,11 @@ def _oracles(bid: str) -> dict[str, str]:
         "date_bin('1 hour', date_time, timestamptz 'epoch') AS hour "
         f"FROM {bid} GROUP BY 1, 3) p WHERE spent >= 10 GROUP BY hour"
     )
-    return {"q5": q5, "q7": q7, "hot": hot, "q5w": q5, "bigw": big}
+    tumw = (
+        "SELECT auction, count(*), sum(price), date_bin('1 hour', date_time, timestamptz "
+        f"'epoch') FROM {bid} WHERE price > 5 GROUP BY 1, 4"
+    )
+    return {"q5": q5, "q7": q7, "hot": hot, "q5w": q5, "bigw": big, "tumw": tumw}
 
 
 def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
@@ -126,7 +137,14 @@ def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
         "date_time timestamptz) WITH (event_time = 'date_time')"
     )
     counts = _COUNTS.format(bid=bid)
-    for query, text in (("q5", Q5), ("q7", Q7), ("hot", HOT), ("q5w", Q5_WITH), ("bigw", BIG_WITH)):
+    for query, text in (
+        ("q5", Q5),
+        ("q7", Q7),
+        ("hot", HOT),
+        ("q5w", Q5_WITH),
+        ("bigw", BIG_WITH),
+        ("tumw", TUMBLE_WITH),
+    ):
         strata.create(f"CREATE STREAM {query}_{n} AS {text.format(bid=bid, counts=counts)}")
     return bid, {f"SELECT * FROM {q}_{n}": oracle for q, oracle in _oracles(bid).items()}
 
@@ -177,8 +195,8 @@ def test_joined_subqueries_equal_their_batch_after_every_run(
         strata.ingest(bid, ndjson(run))
         for view, oracle in oracles.items():
             compared[view] = same(strata, view, oracle)
-    # q5 and q7 always have rows (each window has a top); the hot auctions and the hours of
-    # big bidders may have none (the snapshot test reads them with rows).
+    # q5 and q7 always have rows (each window has a top); the hot auctions, the hours of
+    # big bidders and the dear bids may have none (the snapshot test reads them with rows).
     assert all(rows for view, rows in compared.items() if "q5" in view or "q7" in view), compared
     assert late(runs, _bid_time) and late_runs(strata, bid) > 0
 
@@ -256,6 +274,26 @@ def test_the_companions_are_shown_and_go_with_the_stream(module_strata: Strata) 
         assert strata.client.get(f"/streams/{made_with}").status_code == 404
     assert strata.query("SELECT relname FROM pg_class WHERE relname LIKE %s", f"q5\\_{n}%") == []
     assert strata.client.get(f"/streams/q7_{n}").status_code == 200  # not made with it
+
+
+def test_a_window_call_over_a_cte_reads_a_stream_made_with_it(module_strata: Strata) -> None:
+    """``FROM TUMBLE(dear, ...)`` over ``WITH dear AS (...)``: the expression is the stream
+    ``<name>__with1``, shown as the stream's source, dropped with it and not alone."""
+    strata = module_strata
+    n = next(_names)
+    bid, _ = _streams(strata, n)
+    tumw = f"tumw_{n}"
+    described = strata.client.get(f"/streams/{tumw}").json()
+    assert described["source"] == f"{tumw}__with1", described
+    assert described["parallelism"] == "PP"
+    made = strata.client.get(f"/streams/{tumw}__with1").json()
+    assert made["dependents"] == [tumw] and "price > 5" in made["sql"], made
+    alone = strata.client.delete(f"/streams/{tumw}__with1")
+    assert alone.status_code == 409 and tumw in alone.json()["error"]
+    assert strata.client.delete(f"/streams/{tumw}").status_code == 200
+    for made_with in (tumw, f"{tumw}__with1"):
+        assert strata.client.get(f"/streams/{made_with}").status_code == 404
+    assert strata.client.get(f"/streams/{bid}").status_code == 200
 
 
 _BID = (

@@ -60,6 +60,19 @@ def test_alter_stands_for_a_create() -> None:
             "CREATE STREAM h__next AS SELECT k, count(*) AS n, window_start FROM "
             "SESSION(m__next, t, INTERVAL '5 minutes') GROUP BY k, window_start",
         ),
+        (  # in WITH: read as a subquery, and read by a window call (a stream made with h)
+            "CREATE STREAM h AS WITH d AS (SELECT k, c, t FROM m WHERE c > 1), e AS (SELECT k "
+            "FROM m) SELECT k, count(*) AS n, window_start FROM TUMBLE(d, t, INTERVAL '1 hour') "
+            "WHERE k IN ('a') GROUP BY k, window_start",
+            "CREATE STREAM h__next AS WITH d AS (SELECT k, c, t FROM m__next WHERE c > 1), e AS "
+            "(SELECT k FROM m) SELECT k, count(*) AS n, window_start FROM TUMBLE(d, t, INTERVAL "
+            "'1 hour') WHERE k IN ('a') GROUP BY k, window_start",
+        ),
+        (
+            "CREATE STREAM h AS WITH d AS (SELECT k, c FROM m WHERE c > 1) SELECT d.k FROM d",
+            "CREATE STREAM h__next AS WITH d AS (SELECT k, c FROM m__next WHERE c > 1) SELECT "
+            "d.k FROM d",
+        ),
     ],
 )
 def test_streams_are_renamed_where_named(statement: str, renamed: str) -> None:
