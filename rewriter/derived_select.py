@@ -63,10 +63,19 @@ def _refusal(node: exp.Expr) -> str:
             f"a subquery as a join input is not supported: {shown!r}; create it as a stream "
             "(CREATE STREAM name AS ...) and join that stream"
         )
+    if isinstance(parent, exp.In) and isinstance(parent.parent, exp.Not):
+        return (
+            f"NOT IN (subquery) is not supported: {shown!r} (it is false for every row once "
+            "the subquery yields a NULL); keep the rows without a match with a LEFT JOIN of "
+            "the values: ... FROM a LEFT JOIN (SELECT k FROM b GROUP BY k) x ON a.k = x.k "
+            "WHERE x.k IS NULL"
+        )
     if isinstance(parent, exp.In):
         return (
-            f"IN (subquery) is not supported: {shown!r}; join the stream instead "
-            "(... FROM a JOIN b ON a.k = b.k)"
+            f"IN (subquery) is not supported here: {shown!r}; IN is a semi-join as a "
+            "condition of WHERE, alone or ANDed, its subquery not correlated, beside no "
+            "window call; else join the values (... FROM a JOIN (SELECT k FROM b GROUP BY k) "
+            "x ON a.k = x.k)"
         )
     return (
         f"a subquery inside an expression is not supported: {shown!r}; join the stream, or "

@@ -226,6 +226,15 @@ def with_stream(stream: str, position: int) -> str:
     return f"{stream}__with{position}"
 
 
+SEMI_JOIN_VALUE = "strata_in_value"  # the one column of an IN subquery's distinct values
+
+
+def semi_join_alias(position: int) -> str:
+    """Alias of the distinct values of a WHERE's ``position``-th IN subquery (from 1), the
+    join input it becomes (rewriter.semi_joins)."""
+    return f"strata_in_{position}"
+
+
 _MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+|with[0-9]+)")
 
 

@@ -19,6 +19,7 @@ from rewriter.inline_ctes import inline_ctes
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.resolve_window import parse_interval
+from rewriter.semi_joins import semi_joins
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
 RAW_OPTIONS = ("event_time", "delay", "retention")
@@ -459,7 +460,7 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
     inlined = inline_ctes(query, name)
-    query = inlined.query
+    query = inlined.query if windows else semi_joins(inlined.query)
     if isinstance(query, exp.Union) and query.args.get("distinct"):
         raise UnsupportedSQL(
             "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",

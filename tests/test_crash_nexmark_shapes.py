@@ -8,8 +8,8 @@ joined with each window's maximum price) and a ranking over a join selecting ``a
 After the restart, and the runs the server never took posted again, every run sent is
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
-deduplicating with DISTINCT ON, q7 written with WITH, and a window call over a common
-table expression."""
+deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
+table expression, and an IN (subquery)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,9 @@ STREAMS = (
     "CREATE STREAM dear_hourly AS WITH dear AS (SELECT auction, price, t FROM bid "
     "WHERE price > 50) SELECT auction, count(*) AS n, sum(price) AS s, window_start "
     "FROM TUMBLE(dear, t, INTERVAL '1 hour') GROUP BY auction, window_start",
+    # IN (subquery): a semi-join with the subquery's distinct values.
+    "CREATE STREAM on_dear AS SELECT auction, price, t FROM bid WHERE auction IN "
+    "(SELECT auction FROM bid WHERE price > 90) AND price < 50",
     # PostgreSQL's dedup: each auction's last bid, deduplicated on read.
     "CREATE STREAM last_bid AS SELECT DISTINCT ON (auction) auction, price, url, t FROM bid "
     "ORDER BY auction, t DESC, price DESC, url DESC",
@@ -140,6 +143,10 @@ ORACLES = {
     "SELECT * FROM dear_hourly": (
         "SELECT auction, count(*), sum(price), date_bin('1 hour', t, timestamptz 'epoch') "
         "FROM bid WHERE price > 50 GROUP BY 1, 4"
+    ),
+    "SELECT * FROM on_dear": (
+        "SELECT auction, price, t FROM bid WHERE auction IN "
+        "(SELECT auction FROM bid WHERE price > 90) AND price < 50"
     ),
     "SELECT * FROM q9": (
         "SELECT * FROM (SELECT a.*, b.auction, b.price, b.url, b.t AS bid_t, ROW_NUMBER() OVER "

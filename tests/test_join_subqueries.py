@@ -322,8 +322,8 @@ REFUSED = [
     ),
     (
         f"SELECT b.auction FROM bid b JOIN {_WINDOWED} m ON b.price = m.top "
-        "WHERE b.auction IN (SELECT auction FROM bid)",
-        "IN (subquery) is not supported",
+        "WHERE b.auction NOT IN (SELECT auction FROM bid)",
+        "NOT IN (subquery) is not supported",
     ),
     (
         f"SELECT * FROM bid b JOIN {_WINDOWED} m ON b.price = m.top JOIN {_WINDOWED} k "
