@@ -24,7 +24,7 @@ parse_stream -> (raw) build_archive
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from sqlglot import exp
 
@@ -114,7 +114,7 @@ def companions(
             return None
         first = list(statement.with_streams)
         if first:
-            streams = _planned(first, streams, tables, functions)
+            streams = planned_with_companions([t for _, t in first], streams, tables, functions)
         select = inline_functions(statement.select, functions or {})
         if has_subquery_inputs(select):
             assert isinstance(select, exp.Select)
@@ -128,14 +128,14 @@ def companions(
         return None
 
 
-def _planned(
-    statements: list[tuple[str, str]],
+def planned_with_companions(
+    statements: Iterable[str],
     streams: Mapping[str, StreamPlan],
-    tables: Mapping[str, TableSchema] | None,
-    functions: Mapping[str, SqlFunction] | None,
+    tables: Mapping[str, TableSchema] | None = None,
+    functions: Mapping[str, SqlFunction] | None = None,
 ) -> dict[str, StreamPlan]:
-    """``streams`` and the plans of ``statements`` (with their own companions), as they will
-    be once the server has created them: what a further companion is planned over."""
+    """``streams`` and the plans of ``statements``, each after the streams made with it
+    (recursively), as the server creates them: what a further statement is planned over."""
     planned = dict(streams)
 
     def plan(text: str) -> None:
@@ -145,7 +145,7 @@ def _planned(
         stream = rewrite(text, planned, tables, functions)
         planned[stream.name] = stream
 
-    for _, text in statements:
+    for text in statements:
         plan(text)
     return planned
 
@@ -233,7 +233,7 @@ def _check_with_streams(
     planned = dict(streams)
     for made, text in missing:
         try:
-            planned = _planned([(made, text)], planned, tables, functions)
+            planned = planned_with_companions([text], planned, tables, functions)
         except StrataError as error:
             raise type(error)(
                 "a common table expression read by a window call is planned as a stream of "

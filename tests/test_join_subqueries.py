@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rewriter import rewrite
 from rewriter.errors import StrataError, UnsupportedSQL
-from rewriter.rewrite import companions
+from rewriter.rewrite import companions, planned_with_companions
 from tests.conftest import Strata, examples
 from tests.oracle import SnapshotReader, at, cut, late, late_runs, ndjson, same, with_a_late_run
 
@@ -149,21 +149,36 @@ def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
     return bid, {f"SELECT * FROM {q}_{n}": oracle for q, oracle in _oracles(bid).items()}
 
 
-def _bid_time(row: dict) -> datetime:
+def bid_time(row: dict) -> datetime:
     return datetime.fromisoformat(row["date_time"])
 
 
-@given(
-    bids=st.lists(
-        st.tuples(
-            st.integers(0, 5), st.integers(0, 4), st.integers(1, 20), st.integers(0, 5 * 3600)
-        ),
-        min_size=2,
-        max_size=24,
-    ).filter(lambda bids: len({t for *_, t in bids}) > 1),
-    cuts=st.lists(st.integers(2, 8), min_size=1, max_size=5),
-    order=st.randoms(use_true_random=False),
-)
+# Bids (auction, bidder, price, second) at two instants at least, the sizes of the runs they
+# are cut into, and the order they arrive in.
+BIDS = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 4), st.integers(1, 20), st.integers(0, 5 * 3600)),
+    min_size=2,
+    max_size=24,
+).filter(lambda bids: len({t for *_, t in bids}) > 1)
+CUTS = st.lists(st.integers(2, 8), min_size=1, max_size=5)
+
+
+def bid_runs(
+    bids: list[tuple[int, int, int, int]], cuts: list[int], order: random.Random
+) -> list[list[dict]]:
+    """The bids as rows, shuffled and cut into two runs at least, one of them hours late."""
+    rows = [
+        {"auction": a, "bidder": b, "price": p, "extra": f"x{k}", "date_time": at(t)}
+        for k, (a, b, p, t) in enumerate(bids)
+    ]
+    order.shuffle(rows)
+    runs = list(cut(rows, cuts))
+    if len(runs) == 1:  # two runs at least: one behind the other
+        runs = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+    return with_a_late_run(runs, bid_time)
+
+
+@given(bids=BIDS, cuts=CUTS, order=st.randoms(use_true_random=False))
 @settings(
     max_examples=examples(8),
     deadline=None,
@@ -181,15 +196,7 @@ def test_joined_subqueries_equal_their_batch_after_every_run(
     strata = module_strata
     n = next(_names)
     bid, oracles = _streams(strata, n)
-    rows = [
-        {"auction": a, "bidder": b, "price": p, "extra": f"x{k}", "date_time": at(t)}
-        for k, (a, b, p, t) in enumerate(bids)
-    ]
-    order.shuffle(rows)
-    runs = list(cut(rows, cuts))
-    if len(runs) == 1:  # two runs at least: one behind the other
-        runs = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
-    runs = with_a_late_run(runs, _bid_time)
+    runs = bid_runs(bids, cuts, order)
     compared: dict[str, int] = {}
     for run in runs:
         strata.ingest(bid, ndjson(run))
@@ -198,7 +205,7 @@ def test_joined_subqueries_equal_their_batch_after_every_run(
     # q5 and q7 always have rows (each window has a top); the hot auctions, the hours of
     # big bidders and the dear bids may have none (the snapshot test reads them with rows).
     assert all(rows for view, rows in compared.items() if "q5" in view or "q7" in view), compared
-    assert late(runs, _bid_time) and late_runs(strata, bid) > 0
+    assert late(runs, bid_time) and late_runs(strata, bid) > 0
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
@@ -343,16 +350,7 @@ REFUSED = [
 
 def _plan(sql: str) -> None:
     """Plan ``sql`` (a SELECT) as the server would: its companions first."""
-    streams = {"bid": rewrite(_BID, {})}
-
-    def make(text: str) -> None:
-        made = companions(text, streams)
-        for _name, statement in made[1] if made else []:
-            make(statement)
-        plan = rewrite(text, streams)
-        streams[plan.name] = plan
-
-    make(f"CREATE STREAM s AS {sql}")
+    planned_with_companions([_BID, f"CREATE STREAM s AS {sql}"], {})
 
 
 @pytest.mark.parametrize("sql,fragment", REFUSED)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from datetime import datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,9 +17,10 @@ from hypothesis import strategies as st
 
 from rewriter import rewrite
 from rewriter.errors import StrataError
-from rewriter.rewrite import companions
+from rewriter.rewrite import companions, planned_with_companions
 from tests.conftest import Strata, examples
-from tests.oracle import SnapshotReader, at, cut, late, late_runs, ndjson, same, with_a_late_run
+from tests.oracle import SnapshotReader, at, late, late_runs, ndjson, same
+from tests.test_join_subqueries import BIDS, CUTS, bid_runs, bid_time
 
 _names = itertools.count()
 
@@ -67,21 +67,7 @@ def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
     return bid, oracles
 
 
-def _bid_time(row: dict) -> datetime:
-    return datetime.fromisoformat(row["date_time"])
-
-
-@given(
-    bids=st.lists(
-        st.tuples(
-            st.integers(0, 5), st.integers(0, 4), st.integers(1, 20), st.integers(0, 5 * 3600)
-        ),
-        min_size=2,
-        max_size=24,
-    ).filter(lambda bids: len({t for *_, t in bids}) > 1),
-    cuts=st.lists(st.integers(2, 8), min_size=1, max_size=5),
-    order=st.randoms(use_true_random=False),
-)
+@given(bids=BIDS, cuts=CUTS, order=st.randoms(use_true_random=False))
 @settings(
     max_examples=examples(8),
     deadline=None,
@@ -98,20 +84,12 @@ def test_semi_joins_equal_postgres_in_after_every_run(
     strata = module_strata
     n = next(_names)
     bid, oracles = _streams(strata, n)
-    rows = [
-        {"auction": a, "bidder": b, "price": p, "extra": f"x{k}", "date_time": at(t)}
-        for k, (a, b, p, t) in enumerate(bids)
-    ]
-    order.shuffle(rows)
-    runs = list(cut(rows, cuts))
-    if len(runs) == 1:
-        runs = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
-    runs = with_a_late_run(runs, _bid_time)
+    runs = bid_runs(bids, cuts, order)
     for run in runs:
         strata.ingest(bid, ndjson(run))
         for view, oracle in oracles.items():
             same(strata, view, oracle)
-    assert late(runs, _bid_time) and late_runs(strata, bid) > 0
+    assert late(runs, bid_time) and late_runs(strata, bid) > 0
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
@@ -174,16 +152,7 @@ LEFT_REFUSED = [
 
 
 def _plan(sql: str) -> None:
-    streams = {"bid": rewrite(_BID, {})}
-
-    def make(text: str) -> None:
-        made = companions(text, streams)
-        for _name, statement in made[1] if made else []:
-            make(statement)
-        plan = rewrite(text, streams)
-        streams[plan.name] = plan
-
-    make(f"CREATE STREAM s AS {sql}")
+    planned_with_companions([_BID, f"CREATE STREAM s AS {sql}"], {})
 
 
 @pytest.mark.parametrize("sql,fragment", LEFT_REFUSED)

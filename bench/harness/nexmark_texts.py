@@ -31,11 +31,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewriter import rewrite
 from rewriter.errors import StrataError
 from rewriter.flink_syntax import flink_function
-from rewriter.plan import StreamPlan
-from rewriter.rewrite import companions
+from rewriter.rewrite import planned_with_companions
 from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableColumn, TableSchema
 
@@ -207,23 +205,11 @@ def plan(text: Text) -> str | None:
     None when every statement plans, else Strata's message."""
     if text.refused is not None:
         return text.refused
-    streams: dict[str, StreamPlan] = {}
-    for statement in source_statements():
-        made = rewrite(statement, streams)
-        streams[made.name] = made
+    sources = planned_with_companions(source_statements(), {})
     tables = {s.name: s for s in (_schema(t) for t in text.tables)}
     functions = {f.name: f for f in map(_function, text.functions)}
-
-    def create(statement: str) -> None:
-        made = companions(statement, streams, tables, functions)
-        for _, inner in made[1] if made else []:
-            create(inner)
-        planned = rewrite(statement, streams, tables, functions)
-        streams[planned.name] = planned
-
     try:
-        for statement in text.streams:
-            create(statement)
+        planned_with_companions(text.streams, sources, tables, functions)
     except StrataError as error:
         return str(error)
     return None
