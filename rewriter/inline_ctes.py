@@ -23,9 +23,8 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.derived_select import named_query
 from rewriter.errors import UnsupportedSQL
+from rewriter.flink_syntax import WINDOW_FUNCTIONS
 from rewriter.positions import position_of
-
-_WINDOW_CALLS = ("TUMBLE", "HOP", "SESSION", "CUMULATE")
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class _Scope:
         every window call's stream it names with the stream made of its body."""
         for table in list(tree.find_all(exp.Table)):
             call = table.this
-            if isinstance(call, exp.Anonymous) and call.name.upper() in _WINDOW_CALLS:
+            if isinstance(call, exp.Anonymous) and call.name.upper() in WINDOW_FUNCTIONS:
                 source = call.expressions[0] if call.expressions else None
                 if (
                     isinstance(source, exp.Column)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-
-_WINDOW_CALLS = ("TUMBLE", "HOP", "SESSION", "CUMULATE")
+from rewriter.flink_syntax import WINDOW_FUNCTIONS
 
 
 def semi_joins(select: exp.Expr) -> exp.Expr:
@@ -95,7 +94,7 @@ def _plain_inputs(select: exp.Select) -> bool:
             return False
     group = select.args.get("group")
     calls = group.find_all(exp.Anonymous) if group is not None else iter(())
-    return not any(call.name.upper() in _WINDOW_CALLS for call in calls)
+    return not any(call.name.upper() in WINDOW_FUNCTIONS for call in calls)
 
 
 def _qualify_star(select: exp.Select) -> None:

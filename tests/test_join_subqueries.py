@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from datetime import datetime
 
 import psycopg
@@ -216,6 +217,20 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
     n = next(_names)
     bid, oracles = _streams(strata, n)
     rng = random.Random(5)
+    read_while_late_runs_arrive(strata, bid, oracles, rng, 30, lambda i: f"r{i}")
+
+
+def read_while_late_runs_arrive(
+    strata: Strata,
+    bid: str,
+    oracles: dict[str, str],
+    rng: random.Random,
+    prices: int,
+    extra: Callable[[int], str],
+) -> None:
+    """Eight runs of 25 bids (prices below ``prices``, run i's extra ``extra(i)``), an hour
+    apart but runs 2 and 6 hours late, ingested while a reader compares every view with its
+    batch query in one snapshot after another; each view has rows by the end."""
     runs = []
     for i in range(8):
         hours = i if i not in (2, 6) else i - 2  # runs 2 and 6 come hours late
@@ -224,8 +239,8 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
                 {
                     "auction": rng.randrange(6),
                     "bidder": rng.randrange(5),
-                    "price": rng.randrange(1, 30),
-                    "extra": f"r{i}",
+                    "price": rng.randrange(1, prices),
+                    "extra": extra(i),
                     "date_time": at((hours + 5) * 3600 + rng.randrange(3600)),
                 }
                 for _ in range(25)
@@ -236,7 +251,7 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
             strata.ingest(bid, ndjson(run))
     assert late_runs(strata, bid) > 0
     for view in oracles:
-        assert strata.query(view.replace("*", "count(*)", 1))[0][0] > 0
+        assert strata.query(view.replace("*", "count(*)", 1))[0][0] > 0, view
 
 
 def test_the_companions_are_shown_and_go_with_the_stream(module_strata: Strata) -> None:
@@ -303,7 +318,7 @@ def test_a_window_call_over_a_cte_reads_a_stream_made_with_it(module_strata: Str
     assert strata.client.get(f"/streams/{bid}").status_code == 200
 
 
-_BID = (
+BID = (
     "CREATE STREAM bid (auction bigint, bidder bigint, price bigint, extra text, "
     "date_time timestamptz) WITH (event_time = 'date_time')"
 )
@@ -348,21 +363,21 @@ REFUSED = [
 ]
 
 
-def _plan(sql: str) -> None:
+def plan_select(sql: str) -> None:
     """Plan ``sql`` (a SELECT) as the server would: its companions first."""
-    planned_with_companions([_BID, f"CREATE STREAM s AS {sql}"], {})
+    planned_with_companions([BID, f"CREATE STREAM s AS {sql}"], {})
 
 
 @pytest.mark.parametrize("sql,fragment", REFUSED)
 def test_refused_shapes_are_refused_by_name(sql: str, fragment: str) -> None:
     with pytest.raises(StrataError) as caught:
-        _plan(sql)
+        plan_select(sql)
     assert fragment in str(caught.value)
 
 
 def test_nexmark_q5_and_q7_plan_into_companions() -> None:
     """Planned without a server: each subquery is a companion, q5's maximum one with its own."""
-    streams = {"bid": rewrite(_BID, {})}
+    streams = {"bid": rewrite(BID, {})}
     counts = _COUNTS.format(bid="bid")
     made = companions(f"CREATE STREAM q5 AS {Q5.format(bid='bid', counts=counts)}", streams)
     assert made is not None and [c for c, _ in made[1]] == ["q5__in1", "q5__in2"]

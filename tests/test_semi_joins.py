@@ -17,10 +17,18 @@ from hypothesis import strategies as st
 
 from rewriter import rewrite
 from rewriter.errors import StrataError
-from rewriter.rewrite import companions, planned_with_companions
+from rewriter.rewrite import companions
 from tests.conftest import Strata, examples
-from tests.oracle import SnapshotReader, at, late, late_runs, ndjson, same
-from tests.test_join_subqueries import BIDS, CUTS, bid_runs, bid_time
+from tests.oracle import late, late_runs, ndjson, same
+from tests.test_join_subqueries import (
+    BID,
+    BIDS,
+    CUTS,
+    bid_runs,
+    bid_time,
+    plan_select,
+    read_while_late_runs_arrive,
+)
 
 _names = itertools.count()
 
@@ -100,33 +108,9 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
     n = next(_names)
     bid, oracles = _streams(strata, n)
     rng = random.Random(7)
-    runs = []
-    for i in range(8):
-        hours = i if i not in (2, 6) else i - 2
-        runs.append(
-            [
-                {
-                    "auction": rng.randrange(6),
-                    "bidder": rng.randrange(5),
-                    "price": rng.randrange(1, 21),
-                    "extra": f"x{rng.randrange(3)}",
-                    "date_time": at((hours + 5) * 3600 + rng.randrange(3600)),
-                }
-                for _ in range(25)
-            ]
-        )
-    with SnapshotReader.of(strata.database_url, oracles, min_snapshots=5):
-        for run in runs:
-            strata.ingest(bid, ndjson(run))
-    assert late_runs(strata, bid) > 0
-    for view in oracles:
-        assert strata.query(view.replace("*", "count(*)", 1))[0][0] > 0, view
+    read_while_late_runs_arrive(strata, bid, oracles, rng, 21, lambda _: f"x{rng.randrange(3)}")
 
 
-_BID = (
-    "CREATE STREAM bid (auction bigint, bidder bigint, price bigint, extra text, "
-    "date_time timestamptz) WITH (event_time = 'date_time')"
-)
 LEFT_REFUSED = [
     (  # NOT IN is false when any value is NULL: not a join
         "SELECT * FROM bid WHERE auction NOT IN (SELECT auction FROM bid WHERE price > 5)",
@@ -151,20 +135,16 @@ LEFT_REFUSED = [
 ]
 
 
-def _plan(sql: str) -> None:
-    planned_with_companions([_BID, f"CREATE STREAM s AS {sql}"], {})
-
-
 @pytest.mark.parametrize("sql,fragment", LEFT_REFUSED)
 def test_shapes_that_are_not_semi_joins_stay_refused(sql: str, fragment: str) -> None:
     with pytest.raises(StrataError) as caught:
-        _plan(sql)
+        plan_select(sql)
     assert fragment in str(caught.value)
 
 
 def test_the_values_are_a_stream_made_with_the_stream() -> None:
     """Planned without a server: the IN subquery's distinct values are ``s__in2``."""
-    streams = {"bid": rewrite(_BID, {})}
+    streams = {"bid": rewrite(BID, {})}
     made = companions(
         "CREATE STREAM s AS SELECT * FROM bid WHERE auction IN (SELECT auction FROM bid)",
         streams,
