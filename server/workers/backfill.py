@@ -27,6 +27,7 @@ from rewriter.naming import (
     RUN_ROWS_VIEW,
     join_archive_table,
     join_view,
+    made_with,
     partial_archive_table,
     raw_archive_table,
 )
@@ -219,12 +220,18 @@ def backfill_progress(connection: sa.Connection, name: str) -> dict[str, object]
 
 
 def wait_for(engine: sa.Engine, name: str, timeout: float = 600) -> None:
-    """Block until ``name``'s back-fill is done (for callers that want it complete)."""
+    """Block until ``name``'s back-fill is done, and those of the streams made with it (a
+    view over them is complete then), for callers that want it complete."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with engine.connect() as connection:
-            progress = backfill_progress(connection, name)
-        if progress is None or progress["state"] == "done":
+            names = connection.execute(sa.select(catalog.streams.c.name)).scalars().all()
+            waited, found = [name], [name]
+            while found:
+                found = [c for n in found for c in made_with(n, names)]
+                waited += found
+            progress = [backfill_progress(connection, n) for n in waited]
+        if all(p is None or p["state"] == "done" for p in progress):
             return
         time.sleep(0.1)
     raise TimeoutError(f"back-fill of {name!r} did not finish in {timeout} s")
