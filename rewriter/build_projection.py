@@ -55,11 +55,6 @@ def build_projection(
     event_time: str | None = None
     for branch in branches:
         check_clauses(branch)
-        if branch.args.get("group") or branch.args.get("having") or branch.find(exp.AggFunc):
-            raise UnsupportedSQL(
-                "UNION ALL combines the rows of raw streams, without aggregates: create the "
-                "union as a stream, then aggregate over it with TUMBLE(union_stream, ...)"
-            )
         if branch.args.get("joins"):
             raise UnsupportedSQL("joins are not supported in a derived stream")
         from_ = branch.args.get("from_")

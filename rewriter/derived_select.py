@@ -98,9 +98,8 @@ def check_statement(query: exp.Expr, *, nested: bool = False) -> None:
         if isinstance(key, exp.GroupingSets | exp.Rollup | exp.Cube):
             kind = {exp.GroupingSets: "GROUPING SETS", exp.Rollup: "ROLLUP"}.get(type(key), "CUBE")
             raise UnsupportedSQL(
-                f"{kind} is not supported: create one stream per grouping (GROUP BY its "
-                "keys and the window), or group by the finest keys and sum over them when "
-                "reading"
+                f"{kind} is not supported here: it is in the GROUP BY of a stream's query, "
+                "of a subquery or of a branch of UNION ALL, without WINDOW clauses"
             )
     distinct = query.args.get("distinct")
     if distinct is not None and distinct.args.get("on") is not None:

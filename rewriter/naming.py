@@ -226,6 +226,12 @@ def with_stream(stream: str, position: int) -> str:
     return f"{stream}__with{position}"
 
 
+def union_stream(stream: str, position: int) -> str:
+    """The stream a branch of a UNION ALL that aggregates becomes (a grouping set of GROUP
+    BY ROLLUP, CUBE or GROUPING SETS is one such branch; ``position``: its place, from 1)."""
+    return f"{stream}__union{position}"
+
+
 SEMI_JOIN_VALUE = "strata_in_value"  # the one column of an IN subquery's distinct values
 
 
@@ -235,14 +241,14 @@ def semi_join_alias(position: int) -> str:
     return f"strata_in_{position}"
 
 
-_MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+|with[0-9]+)")
+_MADE_WITH = re.compile(r"__(?:rows|inner|in[0-9]+|with[0-9]+|union[0-9]+)")
 
 
 def made_with(stream: str, names: Iterable[str]) -> list[str]:
     """Those of ``names`` that are streams made with ``stream`` from its statement (its join
     ``__rows``, its subquery ``__inner``, its subqueries joined ``__in<k>``, the common
-    table expressions its window calls read ``__with<k>``), in the order
-    of ``names``."""
+    table expressions its window calls read ``__with<k>``, the branches of its union
+    ``__union<k>``), in the order of ``names``."""
     return [
         n
         for n in names

@@ -15,6 +15,7 @@ from rewriter.desugar import WindowClause, cut_window_clauses, desugar
 from rewriter.errors import InvalidSQL, StrataError, UnsupportedSQL
 from rewriter.flink_syntax import SessionPartition, desugar_functions, flink_function
 from rewriter.flink_syntax import read as read_flink
+from rewriter.grouping_sets import grouping_sets
 from rewriter.inline_ctes import inline_ctes
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
@@ -460,14 +461,15 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
     inlined = inline_ctes(query, name)
-    query = inlined.query if windows else semi_joins(inlined.query)
+    query = inlined.query if windows else grouping_sets(semi_joins(inlined.query))
     if isinstance(query, exp.Union) and query.args.get("distinct"):
         raise UnsupportedSQL(
             "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",
             position=position_of(query),
         )
     if isinstance(query, exp.Union) and not windows:
-        return DerivedStreamStatement(name, query.copy(), inlined.companions, inlined.bodies)
+        union = _named_union(query, names) if names else query.copy()
+        return DerivedStreamStatement(name, union, inlined.companions, inlined.bodies)
     if not isinstance(query, exp.Select):
         raise UnsupportedSQL(
             f"a derived stream is defined by one SELECT (found {type(query).__name__.upper()}), "
@@ -597,6 +599,23 @@ def _window_subqueries(select: exp.Select) -> exp.Select:
                 else exp.Table(this=call)
             )
     return rewritten
+
+
+def _named_union(union: exp.Union, names: list[exp.Expr]) -> exp.Union:
+    """CREATE STREAM s (a, b) AS q1 UNION ALL q2: the union's columns are its first
+    branch's, named a and b."""
+    named = union.copy()
+    first: exp.Expr = named
+    while isinstance(first, exp.Union):
+        first = first.this
+    if not isinstance(first, exp.Select):
+        raise UnsupportedSQL(
+            "a column list names the columns of the first branch's SELECT: write it without "
+            "parentheses",
+            position=position_of(names[0]),
+        )
+    first.replace(_named_columns(first, names))
+    return named
 
 
 def _named_columns(select: exp.Select, names: list[exp.Expr]) -> exp.Select:

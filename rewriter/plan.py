@@ -331,6 +331,31 @@ class ReadJoinStreamPlan:
 
 
 @dataclass(frozen=True)
+class ReadUnionStreamPlan:
+    """A UNION ALL whose branches aggregate (or a query grouped by GROUPING SETS, ROLLUP
+    or CUBE, a branch per grouping set): each branch a stream made with it, and the stream
+    a view of the UNION ALL of their views. Every branch's view is exact at every instant
+    and one statement reads them in one snapshot, so the union is too; nothing more is
+    computed per run than the branches'."""
+
+    kind: ClassVar[str] = "derived"
+    parallelism: ClassVar[Parallelism] = Parallelism.ON_READ
+    parallelism_reason: ClassVar[str] = "the union of its branches' streams, read together"
+
+    name: str
+    sources: tuple[str, ...]  # the branches' streams, in order
+    raw_sources: tuple[str, ...]
+    columns: tuple[OutputColumn, ...]
+    create_statements: tuple[str, ...]
+    drop_statements: tuple[str, ...]
+    view_query: str
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return self.sources
+
+
+@dataclass(frozen=True)
 class OnReadStreamPlan:
     """A stream whose rows a late row can change anywhere (session windows, top-N and
     dedup): a view that computes the query from its source's view at every read, so it is
@@ -362,6 +387,7 @@ StreamPlan = (
     | ProjectionStreamPlan
     | JoinStreamPlan
     | ReadJoinStreamPlan
+    | ReadUnionStreamPlan
     | OnReadStreamPlan
     | ParallelAggregatePlan
     | SerialAggregatePlan

@@ -18,6 +18,7 @@ from rewriter.plan import (
     OnReadStreamPlan,
     ParallelAggregatePlan,
     ReadJoinStreamPlan,
+    ReadUnionStreamPlan,
     RowStreamPlan,
     StreamPlan,
     WindowedAggregatePlan,
@@ -233,6 +234,11 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
             "sum(i.price) AS revenue, window_end AS t FROM TUMBLE(impsns, t, INTERVAL "
             "'1 minute') AS i JOIN campaigns c ON c.campaign = i.campaign GROUP BY c.owner, "
             "window_end"
+        )
+    if isinstance(source, ReadUnionStreamPlan):
+        raise UnsupportedSQL(
+            f"{source.name!r} is the union of the streams {', '.join(source.sources)}, read "
+            "together; streams are not built on it: build them on each branch's stream"
         )
     if isinstance(source, OnReadStreamPlan):
         raise UnsupportedSQL(

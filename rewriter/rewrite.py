@@ -24,7 +24,7 @@ parse_stream -> (raw) build_archive
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from sqlglot import exp
 
@@ -59,6 +59,7 @@ from rewriter.split_join_inputs import (
 from rewriter.split_rollup import GatherPoint, split_rollup
 from rewriter.split_subquery import build_subquery, inner_statement, is_subquery
 from rewriter.split_top_n import split_top_n
+from rewriter.split_union import build_union, is_union_of_streams, union_statements
 from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableSchema
 
@@ -120,6 +121,14 @@ def companions(
             assert isinstance(select, exp.Select)
             check_statement(select)
             return statement.name, first + input_statements(statement.name, select)
+        if is_union_of_streams(select):
+            assert isinstance(select, exp.Union)
+            check_statement(select)
+            branches = union_statements(statement.name, select)
+            # A branch that cannot be planned is reported by the union (rewrite), which
+            # names it.
+            planned_with_companions([t for _, t in branches], streams, tables, functions)
+            return statement.name, first + branches
         made = _companion(statement.name, select, streams, tables)
         if made is None:
             return (statement.name, first) if first else None
@@ -180,7 +189,7 @@ def _rewrite(
     statement = parse_stream(sql)
     if isinstance(statement, RawStreamStatement):
         return build_archive(statement)
-    _check_with_streams(statement.name, statement.with_streams, streams, tables, functions)
+    _check_made(statement.name, statement.with_streams, streams, tables, functions, _with_stream)
     select = inline_functions(statement.select, functions)
     check_statement(select)
     if has_subquery_inputs(select):
@@ -212,21 +221,28 @@ def _rewrite(
     if is_window_query(select):
         assert isinstance(select, exp.Select)
         return build_window_query(statement.name, select, streams)
+    if is_union_of_streams(select):
+        assert isinstance(select, exp.Union)
+        branches = union_statements(statement.name, select)
+        _check_made(statement.name, branches, streams, tables, functions, _union_branch)
+        return build_union(statement.name, select, streams)
     if is_projection(select):
         return build_projection(statement.name, select, streams)
     assert isinstance(select, exp.Select)  # a UNION is always a projection
     return _windowed(statement.name, select, streams)
 
 
-def _check_with_streams(
+def _check_made(
     name: str,
-    statements: tuple[tuple[str, str], ...],
+    statements: list[tuple[str, str]] | tuple[tuple[str, str], ...],
     streams: Mapping[str, StreamPlan],
     tables: Mapping[str, TableSchema],
     functions: Mapping[str, SqlFunction],
+    what: Callable[[str, str], str],
 ) -> None:
-    """The streams made for the common table expressions ``name``'s window calls read exist;
-    when one does not, the error planning it reports (else that the server makes it)."""
+    """The streams made with ``name`` from ``statements`` exist; when one does not, the
+    error planning it reports, introduced by ``what(its name, its query)`` (else that the
+    server makes it)."""
     missing = [(n, text) for n, text in statements if n not in streams]
     if not missing:
         return
@@ -235,14 +251,24 @@ def _check_with_streams(
         try:
             planned = planned_with_companions([text], planned, tables, functions)
         except StrataError as error:
-            raise type(error)(
-                "a common table expression read by a window call is planned as a stream of "
-                f"its own, {made!r} ({text.split(' AS ', 1)[1]}), which cannot be: "
-                f"{error.message}"
-            ) from None
+            raise type(error)(f"{what(made, text.split(' AS ', 1)[1])}: {error.message}") from None
     raise UnknownSource(
         f"the stream {missing[0][0]!r} that {name!r} reads does not exist (the server creates "
         "it with the stream)"
+    )
+
+
+def _with_stream(made: str, query: str) -> str:
+    return (
+        "a common table expression read by a window call is planned as a stream of its own, "
+        f"{made!r} ({query}), which cannot be"
+    )
+
+
+def _union_branch(made: str, query: str) -> str:
+    return (
+        f"each branch of the union (each grouping set) is planned as a stream of its own, "
+        f"{made!r} ({query}), which cannot be"
     )
 
 

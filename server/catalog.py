@@ -36,6 +36,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
     RawStreamPlan,
     ReadJoinStreamPlan,
+    ReadUnionStreamPlan,
     SerialAggregatePlan,
 )
 from rewriter.resolve_window import GLOBAL_WINDOW_US
@@ -515,9 +516,9 @@ def lineage(
         source = records[chain[0].dependencies[0]].plan
         if isinstance(source, RawStreamPlan | JoinStreamPlan):
             return chain
-        assert not isinstance(source, ReadJoinStreamPlan | OnReadStreamPlan), (
-            "no stream is built on it"
-        )
+        assert not isinstance(
+            source, ReadJoinStreamPlan | ReadUnionStreamPlan | OnReadStreamPlan
+        ), "no stream is built on it"
         chain.insert(0, source)
         if isinstance(source, ProjectionStreamPlan):
             return chain

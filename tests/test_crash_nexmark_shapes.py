@@ -9,7 +9,7 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, and an IN (subquery)."""
+table expression, an IN (subquery) and a ROLLUP."""
 
 from __future__ import annotations
 
@@ -89,6 +89,10 @@ STREAMS = (
     # IN (subquery): a semi-join with the subquery's distinct values.
     "CREATE STREAM on_dear AS SELECT auction, price, t FROM bid WHERE auction IN "
     "(SELECT auction FROM bid WHERE price > 90) AND price < 50",
+    # ROLLUP: a stream per grouping set, their union read together.
+    "CREATE STREAM by_rollup AS SELECT auction % 3 AS a3, price / 25 AS band, count(*) AS n, "
+    "sum(price) AS s, GROUPING(auction % 3, price / 25) AS g, window_start FROM TUMBLE(bid, "
+    "t, INTERVAL '1 hour') GROUP BY window_start, ROLLUP (auction % 3, price / 25)",
     # PostgreSQL's dedup: each auction's last bid, deduplicated on read.
     "CREATE STREAM last_bid AS SELECT DISTINCT ON (auction) auction, price, url, t FROM bid "
     "ORDER BY auction, t DESC, price DESC, url DESC",
@@ -153,6 +157,11 @@ ORACLES = {
         "(PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum FROM auction a JOIN "
         "bid b ON a.id = b.auction AND b.t BETWEEN a.t AND a.t + INTERVAL '1 hour') x "
         "WHERE rownum <= 1"
+    ),
+    "SELECT * FROM by_rollup": (
+        "SELECT auction % 3, price / 25, count(*), sum(price), GROUPING(auction % 3, price / 25), "
+        "date_bin('1 hour', t, timestamptz 'epoch') FROM bid GROUP BY date_bin('1 hour', t, "
+        "timestamptz 'epoch'), ROLLUP (auction % 3, price / 25)"
     ),
     "SELECT * FROM last_bid": (
         "SELECT auction, price, url, t FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction "

@@ -24,7 +24,7 @@ from rewriter import (
     rewrite,
 )
 from rewriter.errors import StrataError
-from rewriter.plan import ReadJoinStreamPlan
+from rewriter.plan import ReadJoinStreamPlan, ReadUnionStreamPlan
 from rewriter.sql_functions import SqlFunction
 from rewriter.tables import TableSchema
 
@@ -56,7 +56,7 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def _render(
-    plan: ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan,
+    plan: ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan | ReadUnionStreamPlan,
 ) -> dict[str, str]:
     """The sections of a plan, in SECTIONS order: each kind renders the parts it has."""
     parts = {
@@ -64,7 +64,7 @@ def _render(
         "view_query": plan.view_query + ";",
         "create_statements": "\n".join(s + ";" for s in plan.create_statements),
     }
-    if isinstance(plan, ReadJoinStreamPlan):
+    if isinstance(plan, ReadJoinStreamPlan | ReadUnionStreamPlan):
         pass
     elif isinstance(plan, ParallelAggregatePlan):
         parts |= {
@@ -96,7 +96,10 @@ def test_golden_rewrite(path: Path) -> None:
     plan = rewrite(
         sections["input"], streams, {t.name: t for t in tables}, {f.name: f for f in functions}
     )
-    assert isinstance(plan, ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan)
+    assert isinstance(
+        plan,
+        ParallelAggregatePlan | SerialAggregatePlan | ReadJoinStreamPlan | ReadUnionStreamPlan,
+    )
     rendered = _render(plan)
     if os.environ.get("STRATA_UPDATE_GOLDENS"):
         text = f"-- sources\n{sections['sources']}\n" if "sources" in sections else ""

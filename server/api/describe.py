@@ -15,6 +15,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
     RawStreamPlan,
     ReadJoinStreamPlan,
+    ReadUnionStreamPlan,
 )
 from server.catalog import StreamRecord
 
@@ -69,6 +70,15 @@ def describe(record: StreamRecord, records: dict[str, StreamRecord]) -> dict[str
             "parallelism": plan.parallelism.value,
             "parallelism_reason": plan.parallelism_reason,
             "join": {"tables": list(plan.tables), "strategy": "joined on read in PostgreSQL"},
+            "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
+        }
+    if isinstance(plan, ReadUnionStreamPlan):
+        return base | {
+            "sources": list(plan.sources),
+            "raw_sources": list(plan.raw_sources),
+            "columns": [{"name": c.name, "type": c.pg_type} for c in plan.columns],
+            "parallelism": plan.parallelism.value,
+            "parallelism_reason": plan.parallelism_reason,
             "rewrite": {"view_sql": plan.view_query, "ddl": list(plan.create_statements)},
         }
     if isinstance(plan, OnReadStreamPlan):
