@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -180,7 +181,8 @@ def test_each_grouping_set_is_a_stream_made_with_the_stream() -> None:
 
 def test_alter_describe_and_drop_take_the_branches(module_strata: Strata) -> None:
     """ALTER STREAM from ROLLUP (three sets) to CUBE (four) builds the new branches and
-    swaps them in, equal to PostgreSQL's CUBE; GET /streams/{name} lists the branches; DROP
+    swaps them in, equal to PostgreSQL's CUBE; GET /streams/{name} and EXPLAIN STREAM list
+    the branches; DROP
     STREAM takes every branch with it, and a branch alone cannot be dropped."""
     strata = module_strata
     n = next(_names)
@@ -213,7 +215,11 @@ def test_alter_describe_and_drop_take_the_branches(module_strata: Strata) -> Non
     strata.ingest(bid, ndjson(rows[30:]))
     assert same(strata, f"SELECT * FROM {name}", cube) > 0
     described = strata.client.get(f"/streams/{name}").json()
-    assert described["sources"] == [f"{name}__union{k}" for k in (1, 2, 3, 4)]
+    branches = [f"{name}__union{k}" for k in (1, 2, 3, 4)]
+    assert described["sources"] == branches
+    with psycopg.connect(strata.psql_url, autocommit=True) as connection:
+        lines = [r[0] for r in connection.execute(f"EXPLAIN STREAM {name}").fetchall()]
+    assert f"  Streams read: {', '.join(branches)}" in lines
     refused = strata.client.delete(f"/streams/{name}__union2")
     assert refused.status_code in (400, 409), refused.text
     assert strata.client.delete(f"/streams/{name}").status_code in (200, 204)

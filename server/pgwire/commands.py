@@ -235,6 +235,10 @@ def explain(described: dict[str, object]) -> list[str]:
             f"{described.get('parallelism_reason')}",
             f"  Raw sources: {', '.join(described.get('raw_sources') or [])}",  # type: ignore[arg-type]
         ]
+        sources = described.get("sources")
+        if isinstance(sources, list) and sources:
+            # The streams read on read: a union's branches, a join's inputs.
+            lines.append(f"  Streams read: {', '.join(sources)}")
         if described.get("window") is not None:
             lines.append(f"  Window: {described['window']}")
         lines.append(f"  Columns: {shown}")
