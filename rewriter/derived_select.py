@@ -14,6 +14,7 @@ from rewriter.plan import (
     StreamPlan,
     WindowedAggregatePlan,
 )
+from rewriter.positions import position_of
 
 _UNSUPPORTED_CLAUSES = {
     "distinct": "SELECT DISTINCT",
@@ -58,6 +59,19 @@ def _refusal(node: exp.Expr) -> str:
             f"stream), and ranks filtered on the rank are top-N ({_DEDUP_FORM})"
         )
     parent = node.parent
+    if isinstance(node, exp.Exists) and isinstance(parent, exp.Not):
+        return (
+            f"NOT EXISTS (subquery) is not supported: {shown!r}; keep the rows without a "
+            "match with a LEFT JOIN of the keys: ... FROM a LEFT JOIN (SELECT k FROM b GROUP "
+            "BY k) x ON a.k = x.k WHERE x.k IS NULL"
+        )
+    if isinstance(node, exp.Exists):
+        return (
+            f"EXISTS (subquery) is not supported here: {shown!r}; EXISTS is a semi-join as a "
+            "condition of WHERE, alone or ANDed, correlated by equalities (... WHERE EXISTS "
+            "(SELECT 1 FROM b WHERE b.k = a.k)), beside no window call; else join the keys "
+            "(... FROM a JOIN (SELECT k FROM b GROUP BY k) x ON a.k = x.k)"
+        )
     if isinstance(node, exp.Subquery) and isinstance(parent, exp.From | exp.Join):
         return (
             f"a subquery as a join input is not supported: {shown!r}; create it as a stream "
@@ -93,6 +107,8 @@ def check_statement(query: exp.Expr, *, nested: bool = False) -> None:
         return
     if not isinstance(query, exp.Select):
         return
+    for exists in query.find_all(exp.Exists):
+        raise UnsupportedSQL(_refusal(exists), position=position_of(exists))
     group = query.args.get("group")
     for key in group.expressions if group is not None else []:
         if isinstance(key, exp.GroupingSets | exp.Rollup | exp.Cube):

@@ -64,7 +64,7 @@ def _position(node: exp.Expr) -> str:
 _CONSTRUCTS: dict[type[exp.Expr], str] = {
     exp.Window: "a window function (OVER)",
     exp.Subquery: "a subquery",
-    exp.Exists: "EXISTS (subquery) (join the stream instead: ... FROM a JOIN b ON ...)",
+    exp.Exists: "EXISTS (subquery) (a semi-join as a condition of WHERE, see CREATE STREAM AS)",
     exp.RegexpILike: "~* (case-insensitive regular expression match)",
     exp.SimilarTo: "SIMILAR TO",
     exp.Array: "an ARRAY",

@@ -235,6 +235,12 @@ def union_stream(stream: str, position: int) -> str:
 SEMI_JOIN_VALUE = "strata_in_value"  # the one column of an IN subquery's distinct values
 
 
+def semi_join_value(position: int) -> str:
+    """The ``position``-th column (from 1) of a semi-join's distinct keys: an IN subquery
+    has one, an EXISTS one per equality correlating it."""
+    return SEMI_JOIN_VALUE if position == 1 else f"{SEMI_JOIN_VALUE}_{position}"
+
+
 def semi_join_alias(position: int) -> str:
     """Alias of the distinct values of a WHERE's ``position``-th IN subquery (from 1), the
     join input it becomes (rewriter.semi_joins)."""

@@ -1,13 +1,18 @@
-"""Pass 1c: ``expr IN (SELECT c FROM ...)``, a condition of WHERE (alone or ANDed with
-others), as the semi-join it is: the query joined with the subquery's distinct values
-(``JOIN (SELECT c AS strata_in_value FROM ... GROUP BY c) strata_in_1 ON expr =
-strata_in_1.strata_in_value``), which the pass planning subqueries as join inputs plans.
+"""Pass 1c: ``expr IN (SELECT c FROM ...)`` and ``EXISTS (SELECT ... FROM b WHERE b.k =
+a.k ...)``, a condition of WHERE (alone or ANDed with others), as the semi-join it is: the
+query joined with the subquery's distinct values (``JOIN (SELECT c AS strata_in_value FROM
+... GROUP BY c) strata_in_1 ON expr = strata_in_1.strata_in_value``), which the pass
+planning subqueries as join inputs plans.
 
 A row passes ``expr IN (subquery)`` in WHERE when some value of the subquery equals
 ``expr`` (a NULL on either side matches nothing, and a WHERE drops the unknown): the join
-with each value once keeps exactly those rows, each once. ``NOT IN`` (true only when no value
-is NULL), an IN under OR or NOT, a correlated subquery, and a query reading a window call
-keep their refusals: the pass leaves them as written.
+with each value once keeps exactly those rows, each once. ``EXISTS`` correlated by
+equalities (``b.k = a.k AND b.j = a.j``, the subquery's other conditions its own) passes a
+row when some row of the subquery has its keys: the join with each key tuple once.
+``NOT IN`` (true only when no value is NULL), ``NOT EXISTS``, an IN or EXISTS under OR or
+NOT, a correlated IN subquery, an EXISTS correlated otherwise than by equalities or not at
+all, and a query reading a window call keep their refusals: the pass leaves them as
+written.
 """
 
 from __future__ import annotations
@@ -19,34 +24,105 @@ from rewriter.flink_syntax import WINDOW_FUNCTIONS
 
 
 def semi_joins(select: exp.Expr) -> exp.Expr:
-    """``select`` with each IN subquery of its WHERE's conjuncts joined instead (the same
-    tree when there is none it can join)."""
+    """``select`` with each IN and EXISTS subquery of its WHERE's conjuncts joined instead
+    (the same tree when there is none it can join)."""
     if not isinstance(select, exp.Select) or select.args.get("where") is None:
         return select
-    if not any(_is_semi(c, select) for c in _conjuncts(select)) or not _plain_inputs(select):
+    if not any(_semi(c, select) for c in _conjuncts(select)) or not _plain_inputs(select):
         return select
     joined = select.copy()
     kept: list[exp.Expr] = []
-    semis: list[exp.In] = []
+    semis: list[_Semi] = []
     for condition in _conjuncts(joined):
-        if isinstance(condition, exp.In) and _is_semi(condition, joined):
-            semis.append(condition)
-        else:
+        semi = _semi(condition, joined)
+        if semi is None:
             kept.append(condition)
+        else:
+            semis.append(semi)
     _qualify_star(joined)
-    for position, condition in enumerate(semis, start=1):
+    for position, (pairs, values) in enumerate(semis, start=1):
         alias = naming.semi_join_alias(position)
-        values = _distinct_values(condition.args["query"].this)
+        on = [
+            exp.EQ(
+                this=outer.copy(),
+                expression=exp.column(naming.semi_join_value(k), table=alias),
+            )
+            for k, (outer, _) in enumerate(pairs, start=1)
+        ]
         joined = joined.join(
             exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier(alias))),
-            on=exp.EQ(
-                this=condition.this.copy(),
-                expression=exp.column(naming.SEMI_JOIN_VALUE, table=alias),
-            ),
+            on=exp.and_(*on),
             copy=False,
         )
     joined.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     return joined
+
+
+# A condition as a semi-join: (outer expression, the subquery's expression it equals) per
+# key, and the subquery's distinct keys, named naming.semi_join_value(1, 2, ...).
+_Semi = tuple[list[tuple[exp.Expr, exp.Expr]], exp.Select]
+
+
+def _semi(condition: exp.Expr, select: exp.Select) -> _Semi | None:
+    if isinstance(condition, exp.In) and _is_semi(condition, select):
+        inner = condition.args["query"].this
+        value = inner.expressions[0]
+        return [(condition.this, value)], _distinct_values(inner)
+    if isinstance(condition, exp.Exists):
+        return _exists(condition, select)
+    return None
+
+
+def _exists(condition: exp.Exists, select: exp.Select) -> _Semi | None:
+    """``EXISTS (SELECT ... FROM b WHERE b.k = a.k AND ...)``: a semi-join on the
+    equalities that read the query's inputs (each ``inner = outer``), the subquery's other
+    conditions kept in it; None when it is not that (uncorrelated, correlated otherwise, or
+    aggregated)."""
+    inner = condition.this
+    if not isinstance(inner, exp.Select) or inner.args.get("where") is None:
+        return None
+    if any(
+        inner.args.get(k) for k in ("group", "having", "distinct", "limit", "order", "qualify")
+    ) or any(inner.find_all(exp.AggFunc, exp.Window, exp.Subquery)):
+        return None
+    outer_names = {_name(item) for item in _items(select)}
+    inner_names = {_name(item) for item in _items(inner)}
+    outside = outer_names - inner_names
+
+    def reads_outer(node: exp.Expr) -> bool:
+        return any(c.table in outside for c in node.find_all(exp.Column))
+
+    def reads_inner(node: exp.Expr) -> bool:
+        return any(c.table not in outside for c in node.find_all(exp.Column))
+
+    pairs: list[tuple[exp.Expr, exp.Expr]] = []
+    kept: list[exp.Expr] = []
+    conditions = inner.args["where"].this
+    for conjunct in conditions.flatten() if isinstance(conditions, exp.And) else [conditions]:
+        if not reads_outer(conjunct):
+            kept.append(conjunct)
+            continue
+        if not isinstance(conjunct, exp.EQ):
+            return None
+        left, right = conjunct.this, conjunct.expression
+        if reads_outer(left) and not reads_inner(left) and not reads_outer(right):
+            pairs.append((left, right))
+        elif reads_outer(right) and not reads_inner(right) and not reads_outer(left):
+            pairs.append((right, left))
+        else:
+            return None
+    if not pairs:
+        return None
+    values = inner.copy()
+    values.set(
+        "expressions",
+        [
+            exp.alias_(value.copy(), naming.semi_join_value(k))
+            for k, (_, value) in enumerate(pairs, start=1)
+        ],
+    )
+    values.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False)
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:

@@ -9,7 +9,7 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery) and a ROLLUP."""
+table expression, an IN (subquery), an EXISTS and a ROLLUP."""
 
 from __future__ import annotations
 
@@ -89,6 +89,9 @@ STREAMS = (
     # IN (subquery): a semi-join with the subquery's distinct values.
     "CREATE STREAM on_dear AS SELECT auction, price, t FROM bid WHERE auction IN "
     "(SELECT auction FROM bid WHERE price > 90) AND price < 50",
+    # EXISTS: a semi-join with the auctions' distinct keys.
+    "CREATE STREAM in_category AS SELECT b.auction, b.price, b.t FROM bid b WHERE EXISTS "
+    "(SELECT 1 FROM auction a WHERE a.id = b.auction AND a.category = 2)",
     # ROLLUP: a stream per grouping set, their union read together.
     "CREATE STREAM by_rollup AS SELECT auction % 3 AS a3, price / 25 AS band, count(*) AS n, "
     "sum(price) AS s, GROUPING(auction % 3, price / 25) AS g, window_start FROM TUMBLE(bid, "
@@ -157,6 +160,10 @@ ORACLES = {
         "(PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum FROM auction a JOIN "
         "bid b ON a.id = b.auction AND b.t BETWEEN a.t AND a.t + INTERVAL '1 hour') x "
         "WHERE rownum <= 1"
+    ),
+    "SELECT * FROM in_category": (
+        "SELECT b.auction, b.price, b.t FROM bid b WHERE EXISTS "
+        "(SELECT 1 FROM auction a WHERE a.id = b.auction AND a.category = 2)"
     ),
     "SELECT * FROM by_rollup": (
         "SELECT auction % 3, price / 25, count(*), sum(price), GROUPING(auction % 3, price / 25), "

@@ -1,9 +1,9 @@
-"""IN (subquery) in WHERE, planned as the semi-join it is (rewriter/semi_joins.py): the
-subquery's distinct values a stream made with the stream, joined on read. The four proofs:
-equal to PostgreSQL's own IN over the raw rows after every run of shuffled runs with an
-hours-late one (hypothesis); every snapshot exact while runs commit; the shapes left
-refused refused by name; the kill -9 during a commit is in
-tests/test_crash_nexmark_shapes.py.
+"""IN (subquery) and EXISTS (subquery) in WHERE, planned as the semi-joins they are
+(rewriter/semi_joins.py): the subquery's distinct values (or keys) a stream made with the
+stream, joined on read. The four proofs: equal to PostgreSQL's own IN and EXISTS over the
+raw rows after every run of shuffled runs with an hours-late one (hypothesis); every
+snapshot exact while runs commit; the shapes left refused refused by name; the kill -9
+during a commit is in tests/test_crash_nexmark_shapes.py.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ QUERIES = {
     "FROM TUMBLE({bid}, date_time, INTERVAL '1 hour') GROUP BY window_end) m "
     "ON b.price = m.top AND b.date_time >= m.window_end - INTERVAL '1 hour' "
     "AND b.date_time < m.window_end WHERE b.bidder IN (SELECT bidder FROM {bid} WHERE price < 5)",
+    # EXISTS correlated by two equalities, the subquery's own condition kept in it
+    "seen": "SELECT * FROM {bid} b WHERE EXISTS (SELECT 1 FROM {bid} c WHERE c.auction = "
+    "b.auction AND c.bidder = b.bidder AND c.price > 15) AND b.price < 10",
+    # an aggregate over EXISTS, correlated by an expression of the subquery's row
+    "next": "SELECT b.bidder, count(*) AS n, sum(b.price) AS s FROM {bid} b WHERE EXISTS "
+    "(SELECT * FROM {bid} c WHERE b.auction = c.auction + 1 AND c.extra <> 'x1') "
+    "GROUP BY b.bidder",
 }
 # The oracle of a query PostgreSQL cannot run as written (TUMBLE is Strata's).
 ORACLES = {
@@ -131,6 +138,24 @@ LEFT_REFUSED = [
         "SELECT count(*) AS n, window_start FROM TUMBLE(bid, date_time, INTERVAL '1 hour') "
         "WHERE auction IN (SELECT auction FROM bid) GROUP BY window_start",
         "IN (subquery) is not supported here",
+    ),
+    (  # NOT EXISTS keeps the rows without a match: an anti-join
+        "SELECT * FROM bid b WHERE NOT EXISTS (SELECT 1 FROM bid c WHERE c.auction = b.auction)",
+        "NOT EXISTS (subquery) is not supported: 'EXISTS(SELECT 1 FROM bid AS c WHERE "
+        "c.auction = b.auction)'; keep the rows without a match with a LEFT JOIN",
+    ),
+    (  # correlated by an inequality: no keys to join on
+        "SELECT * FROM bid b WHERE EXISTS (SELECT 1 FROM bid c WHERE c.price > b.price)",
+        "EXISTS (subquery) is not supported here",
+    ),
+    (  # not correlated: every row or none
+        "SELECT * FROM bid b WHERE EXISTS (SELECT 1 FROM bid c WHERE c.price > 5)",
+        "EXISTS (subquery) is not supported here",
+    ),
+    (  # under OR
+        "SELECT * FROM bid b WHERE EXISTS (SELECT 1 FROM bid c WHERE c.auction = b.auction) "
+        "OR b.price > 3",
+        "EXISTS (subquery) is not supported here",
     ),
 ]
 
