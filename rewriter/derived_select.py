@@ -61,9 +61,11 @@ def _refusal(node: exp.Expr) -> str:
     parent = node.parent
     if isinstance(node, exp.Exists) and isinstance(parent, exp.Not):
         return (
-            f"NOT EXISTS (subquery) is not supported: {shown!r}; keep the rows without a "
-            "match with a LEFT JOIN of the keys: ... FROM a LEFT JOIN (SELECT k FROM b GROUP "
-            "BY k) x ON a.k = x.k WHERE x.k IS NULL"
+            f"NOT EXISTS (subquery) is not supported here: {shown!r}; NOT EXISTS is an "
+            "anti-join as a condition of WHERE, alone or ANDed, correlated by equalities (... "
+            "WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)), beside no window call; else "
+            "keep the rows without a match with a LEFT JOIN of the keys: ... FROM a LEFT JOIN "
+            "(SELECT k FROM b GROUP BY k) x ON a.k = x.k WHERE x.k IS NULL"
         )
     if isinstance(node, exp.Exists):
         return (

@@ -9,10 +9,11 @@ A row passes ``expr IN (subquery)`` in WHERE when some value of the subquery equ
 with each value once keeps exactly those rows, each once. ``EXISTS`` correlated by
 equalities (``b.k = a.k AND b.j = a.j``, the subquery's other conditions its own) passes a
 row when some row of the subquery has its keys: the join with each key tuple once.
-``NOT IN`` (true only when no value is NULL), ``NOT EXISTS``, an IN or EXISTS under OR or
-NOT, a correlated IN subquery, an EXISTS correlated otherwise than by equalities or not at
-all, and a query reading a window call keep their refusals: the pass leaves them as
-written.
+``NOT EXISTS`` so correlated is the anti-join, ``LEFT JOIN`` the key tuples ``... WHERE
+strata_in_1.strata_in_value IS NULL`` (a matched tuple has no NULL key, since = matches no
+NULL). ``NOT IN`` (true only when no value is NULL), an IN or EXISTS under OR or NOT, a
+correlated IN subquery, an EXISTS correlated otherwise than by equalities or not at all,
+and a query reading a window call keep their refusals: the pass leaves them as written.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
         else:
             semis.append(semi)
     _qualify_star(joined)
-    for position, (pairs, values) in enumerate(semis, start=1):
+    for position, (pairs, values, anti) in enumerate(semis, start=1):
         alias = naming.semi_join_alias(position)
         on = [
             exp.EQ(
@@ -52,28 +53,35 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
         joined = joined.join(
             exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier(alias))),
             on=exp.and_(*on),
+            join_type="LEFT" if anti else None,
             copy=False,
         )
+        if anti:
+            # A matched row's keys are never NULL (= matches no NULL): NULL is no match.
+            kept.append(exp.column(naming.semi_join_value(1), table=alias).is_(exp.null()))
     joined.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     return joined
 
 
 # A condition as a semi-join: (outer expression, the subquery's expression it equals) per
-# key, and the subquery's distinct keys, named naming.semi_join_value(1, 2, ...).
-_Semi = tuple[list[tuple[exp.Expr, exp.Expr]], exp.Select]
+# key, the subquery's distinct keys, named naming.semi_join_value(1, 2, ...), and whether
+# it keeps the rows without a match (NOT EXISTS: an anti-join).
+_Semi = tuple[list[tuple[exp.Expr, exp.Expr]], exp.Select, bool]
 
 
 def _semi(condition: exp.Expr, select: exp.Select) -> _Semi | None:
     if isinstance(condition, exp.In) and _is_semi(condition, select):
         inner = condition.args["query"].this
         value = inner.expressions[0]
-        return [(condition.this, value)], _distinct_values(inner)
+        return [(condition.this, value)], _distinct_values(inner), False
     if isinstance(condition, exp.Exists):
-        return _exists(condition, select)
+        return _exists(condition, select, anti=False)
+    if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Exists):
+        return _exists(condition.this, select, anti=True)
     return None
 
 
-def _exists(condition: exp.Exists, select: exp.Select) -> _Semi | None:
+def _exists(condition: exp.Exists, select: exp.Select, *, anti: bool) -> _Semi | None:
     """``EXISTS (SELECT ... FROM b WHERE b.k = a.k AND ...)``: a semi-join on the
     equalities that read the query's inputs (each ``inner = outer``), the subquery's other
     conditions kept in it; None when it is not that (uncorrelated, correlated otherwise, or
@@ -122,7 +130,7 @@ def _exists(condition: exp.Exists, select: exp.Select) -> _Semi | None:
         ],
     )
     values.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
-    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False)
+    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False), anti
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:
