@@ -23,13 +23,14 @@ from rewriter.rewrite import companions, planned_with_companions
 from server.workers.backfill import wait_for
 from server.workers.swapper import Swapper
 from tests.conftest import Strata, examples
-from tests.oracle import late, late_runs, ndjson, same
+from tests.oracle import ndjson, same
 from tests.test_join_subqueries import (
     BID,
     BIDS,
     CUTS,
     bid_runs,
-    bid_time,
+    bid_streams,
+    equal_after_every_run,
     plan_select,
     read_while_late_runs_arrive,
 )
@@ -72,19 +73,6 @@ ORACLES = {
 }
 
 
-def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
-    bid = f"gbid_{n}"
-    strata.create(
-        f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, extra text, "
-        "date_time timestamptz) WITH (event_time = 'date_time')"
-    )
-    oracles = {}
-    for query, text in QUERIES.items():
-        strata.create(f"CREATE STREAM {query}_{n} AS {text.format(bid=bid)}")
-        oracles[f"SELECT * FROM {query}_{n}"] = ORACLES.get(query, text).format(bid=bid)
-    return bid, oracles
-
-
 @given(bids=BIDS, cuts=CUTS, order=st.randoms(use_true_random=False))
 @settings(
     max_examples=examples(8),
@@ -99,15 +87,9 @@ def test_grouping_sets_equal_postgres_after_every_run(
 ) -> None:
     """Random bids cut into shuffled runs, one of them late: each query equals PostgreSQL's
     own grouping sets (and UNION ALL) over the raw rows after every run."""
-    strata = module_strata
-    n = next(_names)
-    bid, oracles = _streams(strata, n)
-    runs = bid_runs(bids, cuts, order)
-    for run in runs:
-        strata.ingest(bid, ndjson(run))
-        for view, oracle in oracles.items():
-            same(strata, view, oracle)
-    assert late(runs, bid_time) and late_runs(strata, bid) > 0
+    bid = f"gbid_{next(_names)}"
+    views = bid_streams(module_strata, bid, QUERIES, ORACLES)
+    equal_after_every_run(module_strata, bid, views, bid_runs(bids, cuts, order))
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
@@ -115,8 +97,8 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
     comparing each view with PostgreSQL's grouping sets, one snapshot after another, never
     sees them differ; each view has rows by the end."""
     strata = module_strata
-    n = next(_names)
-    bid, oracles = _streams(strata, n)
+    bid = f"gbid_{next(_names)}"
+    oracles = bid_streams(strata, bid, QUERIES, ORACLES)
     rng = random.Random(11)
     read_while_late_runs_arrive(strata, bid, oracles, rng, 21, lambda _: f"x{rng.randrange(3)}")
 

@@ -150,6 +150,37 @@ def _streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
     return bid, {f"SELECT * FROM {q}_{n}": oracle for q, oracle in _oracles(bid).items()}
 
 
+def bid_streams(
+    strata: Strata, bid: str, queries: dict[str, str], oracles: dict[str, str]
+) -> dict[str, str]:
+    """The stream of bids ``bid`` and each of ``queries`` (``{bid}`` standing for it) as the
+    stream ``<query>_<bid>``: each view with the batch query it equals (its oracle in
+    ``oracles``, else its own text, which PostgreSQL runs over the raw rows)."""
+    strata.create(
+        f"CREATE STREAM {bid} (auction bigint, bidder bigint, price bigint, extra text, "
+        "date_time timestamptz) WITH (event_time = 'date_time')"
+    )
+    views = {}
+    for query, text in queries.items():
+        strata.create(f"CREATE STREAM {query}_{bid} AS {text.format(bid=bid)}")
+        views[f"SELECT * FROM {query}_{bid}"] = oracles.get(query, text).format(bid=bid)
+    return views
+
+
+def equal_after_every_run(
+    strata: Strata, bid: str, views: dict[str, str], runs: list[list[dict]]
+) -> dict[str, int]:
+    """Each run ingested, each view equal to its batch query after it; the rows each view
+    had at the end. One run of ``runs`` at least is late, and is taken as late."""
+    compared: dict[str, int] = {}
+    for run in runs:
+        strata.ingest(bid, ndjson(run))
+        for view, oracle in views.items():
+            compared[view] = same(strata, view, oracle)
+    assert late(runs, bid_time) and late_runs(strata, bid) > 0
+    return compared
+
+
 def bid_time(row: dict) -> datetime:
     return datetime.fromisoformat(row["date_time"])
 
@@ -197,16 +228,10 @@ def test_joined_subqueries_equal_their_batch_after_every_run(
     strata = module_strata
     n = next(_names)
     bid, oracles = _streams(strata, n)
-    runs = bid_runs(bids, cuts, order)
-    compared: dict[str, int] = {}
-    for run in runs:
-        strata.ingest(bid, ndjson(run))
-        for view, oracle in oracles.items():
-            compared[view] = same(strata, view, oracle)
+    compared = equal_after_every_run(strata, bid, oracles, bid_runs(bids, cuts, order))
     # q5 and q7 always have rows (each window has a top); the hot auctions, the hours of
     # big bidders and the dear bids may have none (the snapshot test reads them with rows).
     assert all(rows for view, rows in compared.items() if "q5" in view or "q7" in view), compared
-    assert late(runs, bid_time) and late_runs(strata, bid) > 0
 
 
 def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Strata) -> None:
