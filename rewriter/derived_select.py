@@ -94,8 +94,11 @@ def _refusal(node: exp.Expr) -> str:
             "x ON a.k = x.k)"
         )
     return (
-        f"a subquery inside an expression is not supported: {shown!r}; join the stream, or "
-        "compute the value in a stream of its own"
+        f"a subquery inside an expression is not supported here: {shown!r}; a scalar "
+        "subquery is one aggregate without GROUP BY, HAVING or LIMIT, not correlated, beside "
+        "no window call (... WHERE price > (SELECT avg(price) FROM s)), and in a query that "
+        "aggregates without GROUP BY it stands inside an aggregate call or WHERE; else join "
+        "the stream, or compute the value in a stream of its own"
     )
 
 

@@ -235,6 +235,15 @@ def union_stream(stream: str, position: int) -> str:
 SEMI_JOIN_VALUE = "strata_in_value"  # the one column of an IN subquery's distinct values
 
 
+SCALAR_VALUE = "strata_scalar_value"  # the one column of a one-row scalar subquery
+
+
+def scalar_alias(position: int) -> str:
+    """Alias of the ``position``-th one-row scalar subquery (from 1), the join input it
+    becomes (rewriter.scalar_subqueries)."""
+    return f"strata_scalar_{position}"
+
+
 def semi_join_value(position: int) -> str:
     """The ``position``-th column (from 1) of a semi-join's distinct keys: an IN subquery
     has one, an EXISTS one per equality correlating it."""

@@ -20,6 +20,7 @@ from rewriter.inline_ctes import inline_ctes
 from rewriter.naming import check_column_name, check_stream_name
 from rewriter.positions import Place, line_and_column, located, position_of, record_positions
 from rewriter.resolve_window import parse_interval
+from rewriter.scalar_subqueries import scalar_subqueries
 from rewriter.semi_joins import semi_joins
 from rewriter.types import ColumnSpec, sql_type_from_sqlglot
 
@@ -461,7 +462,9 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
     inlined = inline_ctes(query, name)
-    query = inlined.query if windows else grouping_sets(semi_joins(inlined.query))
+    query = (
+        inlined.query if windows else grouping_sets(scalar_subqueries(semi_joins(inlined.query)))
+    )
     if isinstance(query, exp.Union) and query.args.get("distinct"):
         raise UnsupportedSQL(
             "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",

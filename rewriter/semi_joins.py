@@ -29,7 +29,7 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
     (the same tree when there is none it can join)."""
     if not isinstance(select, exp.Select) or select.args.get("where") is None:
         return select
-    if not any(_semi(c, select) for c in _conjuncts(select)) or not _plain_inputs(select):
+    if not any(_semi(c, select) for c in _conjuncts(select)) or not plain_inputs(select):
         return select
     joined = select.copy()
     kept: list[exp.Expr] = []
@@ -40,7 +40,7 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
             kept.append(condition)
         else:
             semis.append(semi)
-    _qualify_star(joined)
+    qualify_star(joined)
     for position, (pairs, values, anti) in enumerate(semis, start=1):
         alias = naming.semi_join_alias(position)
         on = [
@@ -93,8 +93,8 @@ def _exists(condition: exp.Exists, select: exp.Select, *, anti: bool) -> _Semi |
         inner.args.get(k) for k in ("group", "having", "distinct", "limit", "order", "qualify")
     ) or any(inner.find_all(exp.AggFunc, exp.Window, exp.Subquery)):
         return None
-    outer_names = {_name(item) for item in _items(select)}
-    inner_names = {_name(item) for item in _items(inner)}
+    outer_names = {_name(item) for item in from_items(select)}
+    inner_names = {_name(item) for item in from_items(inner)}
     outside = outer_names - inner_names
 
     def reads_outer(node: exp.Expr) -> bool:
@@ -149,13 +149,13 @@ def _is_semi(condition: exp.Expr, select: exp.Select) -> bool:
         return False
     if inner.expressions[0].is_star:
         return False
-    outer = {_name(item) for item in _items(select)}
-    inner_names = {_name(item) for s in inner.find_all(exp.Select) for item in _items(s)}
+    outer = {_name(item) for item in from_items(select)}
+    inner_names = {_name(item) for s in inner.find_all(exp.Select) for item in from_items(s)}
     qualifiers = {c.table for c in inner.find_all(exp.Column) if c.table}
     return not (qualifiers & (outer - inner_names))
 
 
-def _items(select: exp.Select) -> list[exp.Expr]:
+def from_items(select: exp.Select) -> list[exp.Expr]:
     from_ = select.args.get("from_")
     items = [from_.this] if from_ is not None else []
     return items + [j.this for j in select.args.get("joins") or []]
@@ -165,10 +165,10 @@ def _name(item: exp.Expr) -> str:
     return item.alias_or_name
 
 
-def _plain_inputs(select: exp.Select) -> bool:
+def plain_inputs(select: exp.Select) -> bool:
     """Every input of the query is a named relation or a subquery, and it groups by no
     window call (Flink's GROUP BY TUMBLE(t, ...)): what a join of subqueries may join."""
-    items = _items(select)
+    items = from_items(select)
     if not items:
         return False
     for item in items:
@@ -181,7 +181,7 @@ def _plain_inputs(select: exp.Select) -> bool:
     return not any(call.name.upper() in WINDOW_FUNCTIONS for call in calls)
 
 
-def _qualify_star(select: exp.Select) -> None:
+def qualify_star(select: exp.Select) -> None:
     """``SELECT *`` as each input's columns (``x.*, y.*``), not the joined values'."""
     if not any(isinstance(e, exp.Star) for e in select.expressions):
         return
@@ -190,7 +190,7 @@ def _qualify_star(select: exp.Select) -> None:
         if isinstance(item, exp.Star):
             expanded += [
                 exp.Column(this=exp.Star(), table=exp.to_identifier(_name(i)))
-                for i in _items(select)
+                for i in from_items(select)
             ]
         else:
             expanded.append(item)

@@ -9,7 +9,8 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), an EXISTS, a NOT EXISTS and a ROLLUP."""
+table expression, an IN (subquery), an EXISTS, a NOT EXISTS, a scalar subquery and a
+ROLLUP."""
 
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ STREAMS = (
     # NOT EXISTS: an anti-join with the bids' distinct keys.
     "CREATE STREAM unsold AS SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
     "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)",
+    # A scalar subquery: the one-row average, cross-joined.
+    "CREATE STREAM above_avg AS SELECT auction, price, t FROM bid "
+    "WHERE price > (SELECT avg(price) FROM bid) + 20",
     # ROLLUP: a stream per grouping set, their union read together.
     "CREATE STREAM by_rollup AS SELECT auction % 3 AS a3, price / 25 AS band, count(*) AS n, "
     "sum(price) AS s, GROUPING(auction % 3, price / 25) AS g, window_start FROM TUMBLE(bid, "
@@ -171,6 +175,9 @@ ORACLES = {
     "SELECT * FROM unsold": (
         "SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
         "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)"
+    ),
+    "SELECT * FROM above_avg": (
+        "SELECT auction, price, t FROM bid WHERE price > (SELECT avg(price) FROM bid) + 20"
     ),
     "SELECT * FROM by_rollup": (
         "SELECT auction % 3, price / 25, count(*), sum(price), GROUPING(auction % 3, price / 25), "
