@@ -465,11 +465,6 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     query = (
         inlined.query if windows else grouping_sets(scalar_subqueries(semi_joins(inlined.query)))
     )
-    if isinstance(query, exp.Union) and query.args.get("distinct"):
-        raise UnsupportedSQL(
-            "UNION removes duplicates, which runs processed apart cannot; use UNION ALL",
-            position=position_of(query),
-        )
     if isinstance(query, exp.Union) and not windows:
         union = _named_union(query, names) if names else query.copy()
         return DerivedStreamStatement(name, union, inlined.companions, inlined.bodies)

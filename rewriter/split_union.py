@@ -1,19 +1,21 @@
 """Pass 3k: a UNION ALL whose branches aggregate (and so a query grouped by GROUPING SETS,
-ROLLUP or CUBE, a branch per grouping set: rewriter.grouping_sets), each branch planned as
-a stream of its own.
+ROLLUP or CUBE, a branch per grouping set: rewriter.grouping_sets), or a UNION that removes
+duplicates, each branch planned as a stream of its own.
 
 ``q1 UNION ALL q2 ...`` makes each branch the stream ``<name>__union<k>`` (k: its place,
 from 1), planned like any stream (a windowed aggregate in parallel: partials per run), and
 the stream itself a view of the UNION ALL of those streams' views. Every branch's view is
 exact at every instant and one statement reads them all in one snapshot, so the union is
 exact at every instant, whatever the lateness; reading it costs reading the branches. The
-companions are made and dropped with the stream, in the same transaction. A UNION ALL of
-plain projections stays one projection stream (rewriter.build_projection).
+companions are made and dropped with the stream, in the same transaction. The view runs
+the union as written (UNION removing duplicates across all branches' rows, ORDER BY and
+LIMIT over it), on read, so it is exact at every instant too. A UNION ALL of plain
+projections stays one projection stream (rewriter.build_projection).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from sqlglot import exp
 
@@ -26,23 +28,51 @@ from rewriter.plan import OutputColumn, RawStreamPlan, ReadUnionStreamPlan, Stre
 
 
 def is_union_of_streams(query: exp.Expr) -> bool:
-    """A UNION ALL with a branch that is not a plain projection of one stream's rows (an
-    aggregate, a window call, a join)."""
-    return isinstance(query, exp.Union) and not all(
-        is_projection(b) and not b.args.get("joins") for b in _branches(query)
+    """A UNION that removes duplicates, or a UNION ALL with a branch that is not a plain
+    projection of one stream's rows (an aggregate, a window call, a join), or that reads a
+    stream in two branches."""
+    if not isinstance(query, exp.Union):
+        return False
+    branches = _branches(query)
+    read = [b.args["from_"].this.name for b in branches if b.args.get("from_") is not None]
+    return (
+        any(u.args.get("distinct") for u in _unions(query))
+        or not all(is_projection(b) and not b.args.get("joins") for b in branches)
+        or len(set(read)) < len(read)  # one stream read twice: a projection each
     )
 
 
-def _branches(query: exp.Expr) -> list[exp.Expr]:
-    if isinstance(query, exp.Union) and not query.args.get("distinct"):
-        return _branches(query.this) + _branches(query.expression)
+def _bare(query: exp.Expr) -> exp.Expr:
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
-    if isinstance(query, exp.Union):  # UNION (distinct), refused by name where it is planned
-        raise UnsupportedSQL(
-            "UNION removes duplicates, which runs processed apart cannot; use UNION ALL"
-        )
+    return query
+
+
+def _unions(query: exp.Expr) -> list[exp.Union]:
+    """The UNION operators of the statement's own tree (not those of its branches)."""
+    query = _bare(query)
+    if not isinstance(query, exp.Union):
+        return []
+    return [query, *_unions(query.this), *_unions(query.expression)]
+
+
+def _branches(query: exp.Expr) -> list[exp.Expr]:
+    query = _bare(query)
+    if isinstance(query, exp.Union):
+        return _branches(query.this) + _branches(query.expression)
     return [query]
+
+
+def _view(query: exp.Expr, selects: Iterator[exp.Select]) -> exp.Expr:
+    """The union's tree, each branch replaced by the next of ``selects``."""
+    query = _bare(query)
+    if not isinstance(query, exp.Union):
+        return next(selects)
+    left = _view(query.this, selects)
+    right = _view(query.expression, selects)
+    if isinstance(right, exp.Union):  # A UNION ALL (B UNION C) keeps its parentheses
+        right = right.subquery()
+    return exp.union(left, right, distinct=bool(query.args.get("distinct")))
 
 
 def union_statements(name: str, union: exp.Union) -> list[tuple[str, str]]:
@@ -111,10 +141,16 @@ def build_union(
         )
         for plan in branches
     ]
-    view: exp.Expr = selects[0]
-    for select in selects[1:]:
-        view = exp.union(view, select, distinct=False)
+    view = _view(union, iter(selects))
     assert isinstance(view, exp.Union)
+    if union.args.get("limit") is not None and union.args.get("order") is None:
+        raise UnsupportedSQL(
+            "LIMIT without ORDER BY keeps arbitrary rows, which differ from read to read; "
+            "say which rows with ORDER BY ... LIMIT N"
+        )
+    for clause in ("order", "limit", "offset"):  # over the union, run on read as written
+        if union.args.get(clause) is not None:
+            view.set(clause, union.args[clause].copy())
     return ReadUnionStreamPlan(
         name=name,
         sources=tuple(p.name for p in branches),
