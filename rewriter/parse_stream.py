@@ -468,6 +468,18 @@ def _derived(statement: exp.Create, windows: tuple[WindowClause, ...]) -> Derive
     if isinstance(query, exp.Union) and not windows:
         union = _named_union(query, names) if names else query.copy()
         return DerivedStreamStatement(name, union, inlined.companions, inlined.bodies)
+    if isinstance(query, exp.Intersect | exp.Except):
+        kind, test = (
+            ("INTERSECT", "EXISTS")
+            if isinstance(query, exp.Intersect)
+            else ("EXCEPT", "NOT EXISTS")
+        )
+        raise UnsupportedSQL(
+            f"{kind} is not supported: keep the rows of the first query with (or without) a "
+            f"match in the second with {test}, SELECT DISTINCT k FROM a WHERE {test} (SELECT "
+            "1 FROM b WHERE b.k = a.k) (where NULL keys match nothing)",
+            position=position_of(query),
+        )
     if not isinstance(query, exp.Select):
         raise UnsupportedSQL(
             f"a derived stream is defined by one SELECT (found {type(query).__name__.upper()}), "

@@ -303,9 +303,9 @@ ERRORS = [
     ),
     ("CREATE STREAM d (a int) AS SELECT 1", UnsupportedSQL, "drop the list", (1, 18)),
     (
-        "CREATE STREAM d AS SELECT 1 UNION SELECT 2",
+        "CREATE STREAM d AS SELECT 1 INTERSECT SELECT 2",
         UnsupportedSQL,
-        "use UNION ALL",
+        "INTERSECT is not supported: keep the rows of the first query with (or without) a match",
         (1, 29),
     ),
     (
