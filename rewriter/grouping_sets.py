@@ -43,6 +43,8 @@ def grouping_sets(query: exp.Expr) -> exp.Expr:
         left, right = grouping_sets(query.this), grouping_sets(query.expression)
         if left is query.this and right is query.expression:
             return query
+        if isinstance(right, exp.Union):  # A UNION (B1 UNION ALL B2) keeps its parentheses
+            right = right.subquery()
         return exp.union(left, right, distinct=bool(query.args.get("distinct")))
     if not has_grouping_sets(query):
         return query
