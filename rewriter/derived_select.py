@@ -81,10 +81,10 @@ def _refusal(node: exp.Expr) -> str:
         )
     if isinstance(parent, exp.In) and isinstance(parent.parent, exp.Not):
         return (
-            f"NOT IN (subquery) is not supported: {shown!r} (it is false for every row once "
-            "the subquery yields a NULL); keep the rows without a match with a LEFT JOIN of "
-            "the values: ... FROM a LEFT JOIN (SELECT k FROM b GROUP BY k) x ON a.k = x.k "
-            "WHERE x.k IS NULL"
+            f"NOT IN (subquery) is not supported here: {shown!r}; NOT IN is an anti-join as "
+            "a condition of WHERE, alone or ANDed, its subquery not correlated, beside no "
+            "window call; else keep the rows without a match with NOT EXISTS (SELECT 1 FROM "
+            "b WHERE b.k = a.k)"
         )
     if isinstance(parent, exp.In):
         return (

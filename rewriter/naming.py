@@ -244,6 +244,16 @@ def scalar_alias(position: int) -> str:
     return f"strata_scalar_{position}"
 
 
+# NOT IN's counts of its subquery: rows, and values that are not NULL.
+NOT_IN_ROWS = "strata_in_rows"
+NOT_IN_VALUES = "strata_in_values"
+
+
+def not_in_counts_alias(position: int) -> str:
+    """Alias of the counts of a WHERE's ``position``-th NOT IN subquery (from 1)."""
+    return f"strata_in_{position}_counts"
+
+
 def semi_join_value(position: int) -> str:
     """The ``position``-th column (from 1) of a semi-join's distinct keys: an IN subquery
     has one, an EXISTS one per equality correlating it."""

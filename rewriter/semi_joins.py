@@ -41,7 +41,7 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
         else:
             semis.append(semi)
     qualify_star(joined)
-    for position, (pairs, values, anti) in enumerate(semis, start=1):
+    for position, (pairs, values, anti, counts) in enumerate(semis, start=1):
         alias = naming.semi_join_alias(position)
         on = [
             exp.EQ(
@@ -56,24 +56,57 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
             join_type="LEFT" if anti else None,
             copy=False,
         )
-        if anti:
-            # A matched row's keys are never NULL (= matches no NULL): NULL is no match.
-            kept.append(exp.column(naming.semi_join_value(1), table=alias).is_(exp.null()))
+        if not anti:
+            continue
+        # A matched row's keys are never NULL (= matches no NULL): NULL is no match.
+        unmatched = exp.column(naming.semi_join_value(1), table=alias).is_(exp.null())
+        if counts is None:
+            kept.append(unmatched)
+            continue
+        # NOT IN: true when the subquery is empty; else only without a NULL among its
+        # values, for a value that is not NULL and matches none.
+        tally = naming.not_in_counts_alias(position)
+        joined = joined.join(
+            exp.Subquery(this=counts, alias=exp.TableAlias(this=exp.to_identifier(tally))),
+            join_type="CROSS",
+            copy=False,
+        )
+        rows = exp.column(naming.NOT_IN_ROWS, table=tally)
+        values_seen = exp.column(naming.NOT_IN_VALUES, table=tally)
+        kept.append(
+            exp.or_(
+                rows.copy().eq(0),
+                exp.and_(
+                    unmatched,
+                    rows.eq(values_seen),
+                    exp.Not(this=pairs[0][0].copy().is_(exp.null())),
+                ),
+            )
+        )
     joined.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     return joined
 
 
 # A condition as a semi-join: (outer expression, the subquery's expression it equals) per
-# key, the subquery's distinct keys, named naming.semi_join_value(1, 2, ...), and whether
-# it keeps the rows without a match (NOT EXISTS: an anti-join).
-_Semi = tuple[list[tuple[exp.Expr, exp.Expr]], exp.Select, bool]
+# key, the subquery's distinct keys, named naming.semi_join_value(1, 2, ...), whether it
+# keeps the rows without a match (NOT EXISTS, NOT IN: an anti-join), and for NOT IN the
+# subquery's counts of rows and of values that are not NULL.
+_Semi = tuple[list[tuple[exp.Expr, exp.Expr]], exp.Select, bool, exp.Select | None]
 
 
 def _semi(condition: exp.Expr, select: exp.Select) -> _Semi | None:
     if isinstance(condition, exp.In) and _is_semi(condition, select):
         inner = condition.args["query"].this
         value = inner.expressions[0]
-        return [(condition.this, value)], _distinct_values(inner), False
+        return [(condition.this, value)], _distinct_values(inner), False, None
+    if (
+        isinstance(condition, exp.Not)
+        and isinstance(condition.this, exp.In)
+        and _is_semi(condition.this, select)
+    ):
+        inner = condition.this.args["query"].this
+        value = inner.expressions[0]
+        return [(condition.this.this, value)], _distinct_values(inner), True, _counts(inner)
     if isinstance(condition, exp.Exists):
         return _exists(condition, select, anti=False)
     if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Exists):
@@ -130,7 +163,7 @@ def _exists(condition: exp.Exists, select: exp.Select, *, anti: bool) -> _Semi |
         ],
     )
     values.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
-    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False), anti
+    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False), anti, None
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:
@@ -197,14 +230,41 @@ def qualify_star(select: exp.Select) -> None:
     select.set("expressions", expanded)
 
 
+def _counts(inner: exp.Select) -> exp.Select:
+    """The subquery's rows and its values that are not NULL, counted (one row, even over
+    none): what NOT IN's answer for an unmatched value depends on."""
+    value = inner.expressions[0]
+    value = value.this if isinstance(value, exp.Alias) else value
+    counted = [
+        exp.alias_(exp.Count(this=exp.Star()), naming.NOT_IN_ROWS),
+        exp.alias_(exp.Count(this=value.copy()), naming.NOT_IN_VALUES),
+    ]
+    if _plain(inner):
+        counts = inner.copy()
+        counts.set("expressions", counted)
+        return counts
+    named = inner.copy()
+    named.set("expressions", [exp.alias_(value.copy(), naming.SEMI_JOIN_VALUE)])
+    column = exp.column(naming.SEMI_JOIN_VALUE, table="v")
+    return exp.select(
+        exp.alias_(exp.Count(this=exp.Star()), naming.NOT_IN_ROWS),
+        exp.alias_(exp.Count(this=column), naming.NOT_IN_VALUES),
+    ).from_(exp.Subquery(this=named, alias=exp.TableAlias(this=exp.to_identifier("v"))))
+
+
+def _plain(inner: exp.Select) -> bool:
+    """A subquery without grouping, DISTINCT, LIMIT or window functions: its rows are its
+    input's rows that pass its WHERE."""
+    return not any(
+        inner.args.get(k) for k in ("group", "having", "distinct", "limit", "order", "qualify")
+    ) and not any(inner.find_all(exp.AggFunc, exp.Window))
+
+
 def _distinct_values(inner: exp.Select) -> exp.Select:
     """The subquery's values, each once, as the one column naming.SEMI_JOIN_VALUE."""
     value = inner.expressions[0]
     value = value.this if isinstance(value, exp.Alias) else value
-    plain = not any(
-        inner.args.get(k) for k in ("group", "having", "distinct", "limit", "order", "qualify")
-    ) and not any(inner.find_all(exp.AggFunc, exp.Window))
-    if plain:
+    if _plain(inner):
         values = inner.copy()
         values.set("expressions", [exp.alias_(value.copy(), naming.SEMI_JOIN_VALUE)])
         return values.group_by(value.copy(), copy=False)

@@ -9,8 +9,8 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), an EXISTS, a NOT EXISTS, a scalar subquery and a
-ROLLUP."""
+table expression, an IN (subquery), a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery
+and a ROLLUP."""
 
 from __future__ import annotations
 
@@ -96,6 +96,9 @@ STREAMS = (
     # NOT EXISTS: an anti-join with the bids' distinct keys.
     "CREATE STREAM unsold AS SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
     "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)",
+    # NOT IN: the anti-join with the subquery's counts (its NULL meaning).
+    "CREATE STREAM not_cheap AS SELECT auction, price, t FROM bid WHERE auction NOT IN "
+    "(SELECT auction FROM bid WHERE price < 5)",
     # A scalar subquery: the one-row average, cross-joined.
     "CREATE STREAM above_avg AS SELECT auction, price, t FROM bid "
     "WHERE price > (SELECT avg(price) FROM bid) + 20",
@@ -175,6 +178,10 @@ ORACLES = {
     "SELECT * FROM unsold": (
         "SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
         "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)"
+    ),
+    "SELECT * FROM not_cheap": (
+        "SELECT auction, price, t FROM bid WHERE auction NOT IN "
+        "(SELECT auction FROM bid WHERE price < 5)"
     ),
     "SELECT * FROM above_avg": (
         "SELECT auction, price, t FROM bid WHERE price > (SELECT avg(price) FROM bid) + 20"
