@@ -369,8 +369,8 @@ REFUSED = [
     ),
     (
         f"SELECT b.auction FROM bid b JOIN {_WINDOWED} m ON b.price = m.top "
-        "WHERE b.auction NOT IN (SELECT auction FROM bid)",
-        "NOT IN (subquery) is not supported",
+        "WHERE b.auction NOT IN (SELECT c.auction FROM bid c WHERE c.bidder = b.bidder)",
+        "NOT IN (subquery) is not supported here",
     ),
     (
         f"SELECT * FROM bid b JOIN {_WINDOWED} m ON b.price = m.top JOIN {_WINDOWED} k "
