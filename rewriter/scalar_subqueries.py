@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.semi_joins import from_items, plain_inputs, qualify_star
+from rewriter.semi_joins import correlated, plain_inputs, qualify_star
 
 
 def scalar_subqueries(select: exp.Expr) -> exp.Expr:
@@ -58,7 +58,6 @@ def scalar_subqueries(select: exp.Expr) -> exp.Expr:
 def _scalars(select: exp.Select) -> list[exp.Subquery]:
     """The one-row, uncorrelated scalar subqueries of SELECT, WHERE and HAVING, outermost
     first."""
-    outer = {item.alias_or_name for item in from_items(select)}
     roots = [*select.expressions, select.args.get("where"), select.args.get("having")]
     found: list[exp.Subquery] = []
     for root in roots:
@@ -67,7 +66,7 @@ def _scalars(select: exp.Select) -> list[exp.Subquery]:
                 continue
             if any(node is not f and _within(node, f) for f in found):
                 continue
-            if _one_row(node.this) and not _correlated(node.this, outer):
+            if _one_row(node.this) and not correlated(node.this, select):
                 found.append(node)
     return found
 
@@ -83,12 +82,6 @@ def _one_row(inner: exp.Expr) -> bool:
         return False
     item = inner.expressions[0]
     return item.find(exp.AggFunc) is not None and item.find(exp.Window) is None
-
-
-def _correlated(inner: exp.Select, outer: set[str]) -> bool:
-    """Whether the subquery reads the query's inputs by their names."""
-    own = {item.alias_or_name for s in inner.find_all(exp.Select) for item in from_items(s)}
-    return any(c.table in outer - own for c in inner.find_all(exp.Column) if c.table)
 
 
 def _outside_aggregates(node: exp.Expr, select: exp.Select) -> bool:

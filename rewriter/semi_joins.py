@@ -182,10 +182,15 @@ def _is_semi(condition: exp.Expr, select: exp.Select) -> bool:
         return False
     if inner.expressions[0].is_star:
         return False
+    return not correlated(inner, select)
+
+
+def correlated(inner: exp.Select, select: exp.Select) -> bool:
+    """Whether the subquery ``inner`` reads ``select``'s inputs by their names (names its own
+    FROM items, at any depth, shadow)."""
     outer = {_name(item) for item in from_items(select)}
-    inner_names = {_name(item) for s in inner.find_all(exp.Select) for item in from_items(s)}
-    qualifiers = {c.table for c in inner.find_all(exp.Column) if c.table}
-    return not (qualifiers & (outer - inner_names))
+    own = {_name(item) for s in inner.find_all(exp.Select) for item in from_items(s)}
+    return any(c.table in outer - own for c in inner.find_all(exp.Column) if c.table)
 
 
 def from_items(select: exp.Select) -> list[exp.Expr]:
