@@ -1,6 +1,7 @@
 """The Nexmark project's own query texts (bench/nexmark_queries/, nexmark/nexmark's Flink
-SQL, only the source DDL, PROCTIME() and q14's Java UDF adapted), created as written over
-its sources (ddl_strata.sql) and fed the shuffled, hours-late runs of tests/test_nexmark.py: every
+SQL, only the source DDL, PROCTIME(), q14's Java UDF and q6's invalid SQL adapted),
+created as written over its sources (ddl_strata.sql) and fed the shuffled, hours-late
+runs of tests/test_nexmark.py: every
 text that Strata takes equals the same query as a batch over the raw rows, half-way
 through the runs and after the last one, with the reducer folding meanwhile; the others
 are refused, each with Strata's reason (bench.harness.nexmark_texts)."""
