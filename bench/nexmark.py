@@ -17,7 +17,10 @@ jittered by up to 30 minutes. For each query (bench.harness.nexmark_queries):
    rows over-produced = rows of the view not in the batch result (multisets, every
    column). The whole view is read, and the batch query run, three times each after an
    untimed read (median milliseconds): what a reader pays, against computing the result
-   from scratch. The streams are then dropped, for the next query.
+   from scratch. The streams are then dropped, for the next query. Then the same for
+   the Nexmark project's own text of the query (bench/nexmark_queries/, as written: its
+   sources from ddl_strata.sql, the runs with Nexmark's column names), its view checked
+   against the batch query over the raw rows received (bench.harness.nexmark_texts.compared).
 2. Spark Structured Streaming, for the queries it can run (``SPARK``: projections, the
    stream-stream and stream-static joins, the windowed and per-day aggregates), in this
    process (local[*]): the run files of the input streams, in arrival order, ``threads``
@@ -42,12 +45,13 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+from psycopg import sql
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T  # noqa: N812 - Spark's own convention
 
@@ -210,13 +214,19 @@ def load_batch_tables(database_url: str, workload: Workload) -> None:
 def accuracy(database_url: str, query: Query, result: str) -> Accuracy:
     """``result`` (a view or table of the query's columns) against the batch query over
     the plain tables, as multisets of rows."""
+    return _compare(database_url, f"SELECT * FROM {result}", query.batch, f"{BATCH}, public")
+
+
+def _compare(database_url: str, rows: str, batch: str, search_path: str) -> Accuracy:
+    """The rows of query ``rows`` against those of ``batch``, as multisets: the batch's
+    rows missing, the rows beyond the batch's, the batch's rows."""
     check = (
-        f"SELECT (SELECT count(*) FROM (({query.batch}) EXCEPT ALL SELECT * FROM {result}) l), "
-        f"(SELECT count(*) FROM (SELECT * FROM {result} EXCEPT ALL ({query.batch})) o), "
-        f"(SELECT count(*) FROM ({query.batch}) b)"
+        f"SELECT (SELECT count(*) FROM (({batch}) EXCEPT ALL ({rows})) l), "
+        f"(SELECT count(*) FROM (({rows}) EXCEPT ALL ({batch})) o), "
+        f"(SELECT count(*) FROM ({batch}) b)"
     )
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {BATCH}, public")  # type: ignore[arg-type]
+        conn.execute(f"SET search_path TO {search_path}")  # type: ignore[arg-type]
         return Accuracy(*(int(v) for v in fetch_one(conn, check)))
 
 
@@ -278,6 +288,44 @@ def strata_query(
             if response.status_code != 200:
                 raise BenchError(f"dropping {name}: {response.status_code} {response.text}")
     return timing, checked, reads
+
+
+def strata_text(
+    server: Server, workload: Workload, query: Query, threads: int
+) -> tuple[Timing, Accuracy]:
+    """The Nexmark project's own text of the query (bench/nexmark_queries/), as written:
+    its sources (ddl_strata.sql), side input and functions, its streams, the same runs
+    (with Nexmark's column names) posted, its view checked against the batch query over
+    the raw rows received (nexmark_texts.compared), everything dropped again."""
+    text = nexmark_texts.read(query.name)
+    if text.refused is not None:
+        raise BenchError(f"{query.name}'s text is refused: {text.refused}")
+    sources = {s.split()[2]: s for s in nexmark_texts.source_statements()}
+    with psycopg.connect(server.database_url, autocommit=True) as conn:
+        for statement in text.tables:
+            name = nexmark_texts.TABLE.match(statement).group(1)  # type: ignore[union-attr]
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name.lower())))
+            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(nexmark_texts.side_input_rows())  # type: ignore[arg-type]
+        for statement in text.functions:
+            conn.execute(statement)  # type: ignore[arg-type]
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        for stream in query.inputs:
+            create_stream(client, sources[stream])
+        for statement in text.streams:
+            create_stream(client, statement)
+        data, streams = _runs_of(workload, query.inputs)
+        data = replace(data, bodies=[nexmark_texts.flink_header(b) for b in data.bodies])
+        timing = post_runs(server, data, threads, "wait", streams)
+        timing.name = f"Strata {query.name} as written"
+        view, batch = nexmark_texts.compared(query.name)
+        checked = _compare(server.database_url, view, batch, "public")
+        made = [s.split()[2].lower() for s in text.streams]  # unquoted names fold
+        for name in (*reversed(made), *reversed(query.inputs)):
+            response = client.delete(f"/streams/{name}")
+            if response.status_code != 200:
+                raise BenchError(f"dropping {name}: {response.status_code} {response.text}")
+    return timing, checked
 
 
 # ---- Spark Structured Streaming -------------------------------------------------------------
@@ -407,6 +455,14 @@ def run(
             }
             if exact.rows_lost or exact.rows_over_produced:
                 problems.append(f"Strata {query.name}: {exact}")
+            text_timing, text_exact = strata_text(server, workload, query, threads)
+            timings.append(text_timing)
+            entry |= {
+                "text_events_per_s": round(text_timing.rows_per_s),
+                "text": vars(text_exact),
+            }
+            if text_exact.rows_lost or text_exact.rows_over_produced:
+                problems.append(f"Strata {query.name} as written: {text_exact}")
             if query.name in SPARK_QUERIES:
                 try:
                     sss_timing, sss, progress = spark_query(
@@ -448,28 +504,45 @@ def print_report(results: dict[str, Any]) -> None:
         f"{results['span_hours']} h, {results['late_events']:,} in runs 1-6 h late\n"
     )
     print(
-        "| query | Strata events/s | Strata rows lost | read: view / batch query (ms) | "
-        "Spark SSS events/s | Spark SSS rows lost (of) |"
+        "| query | Strata events/s | Strata rows lost | as written: events/s, rows lost | "
+        "read: view / batch query (ms) | Spark SSS events/s | Spark SSS rows lost (of) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name, entry in results["queries"].items():
         lost = entry["strata"]["rows_lost"] + entry["strata"]["rows_over_produced"]
+        text = entry["text"]["rows_lost"] + entry["text"]["rows_over_produced"]
+        written = f"{entry['text_events_per_s']:,}, {text}"
         sss = entry.get("sss")
         if sss:
             theirs = f"{entry['sss_events_per_s']:,} | {sss['rows_lost']:,} ({sss['batch_rows']:,})"
         else:
             theirs = f"- | {entry.get('sss_error', 'not expressible')}"
         reads = f"{entry['read_view_ms']:,} / {entry['read_batch_ms']:,}"
-        print(f"| {name} | {entry['strata_events_per_s']:,} | {lost} | {reads} | {theirs} |")
+        print(
+            f"| {name} | {entry['strata_events_per_s']:,} | {lost} | {written} | {reads} "
+            f"| {theirs} |"
+        )
     for problem in results["problems"]:
         print(f"PROBLEM: {problem}")
 
 
 def figures(results: dict[str, Any]) -> list[Result]:
-    """Per query run by both engines: events/s and rows lost, Strata against Spark."""
+    """Per query: the Nexmark project's text against Strata's twin of it (events/s); run
+    by both engines: events/s and rows lost, Strata against Spark."""
     late = f"{results['late_events'] / results['events']:.0%} of the events 1-6 h late"
     out = []
     for name, entry in results["queries"].items():
+        out.append(
+            Result(
+                f"Nexmark {name} as written in nexmark/nexmark ({late}): events/s",
+                entry["text_events_per_s"],
+                entry["strata_events_per_s"],
+                "Strata's twin of the query (bench/harness/nexmark_queries.py)",
+                "events/s",
+                "higher",
+                context={"events": entry["events"], "text": entry["text"]},
+            )
+        )
         if "sss" not in entry:
             continue
         out.append(

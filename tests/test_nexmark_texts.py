@@ -8,76 +8,19 @@ are refused, each with Strata's reason (bench.harness.nexmark_texts)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psycopg
 import pytest
 
-from bench.harness import nexmark_queries, nexmark_texts
+from bench.harness import nexmark_texts
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
 from tests.oracle import canonical, execute
 from tests.test_nexmark import WORKLOAD
 
 pytestmark = pytest.mark.slow  # about 4 minutes: 19 queries over 2,500 events, checked twice
-
-# Nexmark's column names, as Strata folds them (ddl_strata.sql), for the harness's.
-FLINK_NAMES = {
-    "date_time": "datetime",
-    "item_name": "itemname",
-    "initial_bid": "initialbid",
-    "email_address": "emailaddress",
-    "credit_card": "creditcard",
-}
-_TWINS = {q.name: q for q in nexmark_queries.QUERIES}
-_Q7 = (
-    "SELECT b.auction, b.price, b.bidder, b.datetime, b.extra FROM bid b JOIN (SELECT "
-    "max(price) AS maxprice, date_bin('10 seconds', datetime, timestamptz 'epoch') + "
-    "INTERVAL '10 seconds' AS datetime FROM bid GROUP BY 2) b1 ON b.price = b1.maxprice "
-    "WHERE b.datetime BETWEEN b1.datetime - INTERVAL '10 seconds' AND b1.datetime"
-)
-_Q9_COLUMNS = (
-    "id, itemname, description, initialbid, reserve, datetime, expires, seller, category, "
-    "extra, auction, bidder, price, bid_datetime, bid_extra"
-)
-# (the view's rows, the batch query's) where the text's columns differ from its twin's
-# in bench/harness/nexmark_queries.py; every other text is compared whole with its twin.
-COMPARED = {
-    "q5": ("SELECT * FROM nexmark_q5", "SELECT auction, num FROM ({q5}) t"),
-    "q7": ("SELECT * FROM nexmark_q7", _Q7),
-    "q9": (
-        "SELECT * FROM nexmark_q9",
-        f"SELECT {_Q9_COLUMNS.replace('bid_datetime', 'bid_date_time')} FROM ({{q9}}) t",
-    ),
-    # CountChar, and so q14's count_char, counts 0 in a NULL string (the twin's NULL).
-    "q14": (
-        "SELECT * FROM nexmark_q14",
-        "SELECT auction, bidder, price, bid_time_type, date_time, extra, coalesce(c_counts, 0) "
-        "FROM ({q14}) t",
-    ),
-    # ROW_NUMBER() ordered by price alone: which of bids tied in price are kept is not
-    # determined, their prices are.
-    "q19": ("SELECT auction, price FROM nexmark_q19", "SELECT auction, price FROM ({q19}) t"),
-}
-
-
-def _flink_names(sql: str) -> str:
-    for snake, flink in FLINK_NAMES.items():
-        sql = re.sub(rf"\b{snake}\b", flink, sql)
-    return sql
-
-
-def _pair(query: str) -> tuple[str, str]:
-    twin = _flink_names(_TWINS[query].batch)
-    view, batch = COMPARED.get(query, (f"SELECT * FROM nexmark_{query}", "{twin}"))
-    return view, _flink_names(batch.replace("{twin}", twin).replace(f"{{{query}}}", twin))
-
-
-def _flink_header(body: bytes) -> bytes:
-    header, rest = body.split(b"\n", 1)
-    return _flink_names(header.decode()).encode() + b"\n" + rest
 
 
 @dataclass
@@ -92,7 +35,7 @@ class Outcome:
             for query in nexmark_texts.QUERIES:
                 if query in self.refused:
                     continue
-                view, batch = _pair(query)
+                view, batch = nexmark_texts.compared(query)
                 got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
                 want = canonical(connection.execute(batch).fetchall())  # type: ignore[arg-type]
                 self.checks.setdefault(query, []).append((len(got), len(want), got == want))
@@ -122,7 +65,7 @@ def texts(module_strata: Strata) -> Iterator[Outcome]:
     reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=1, max_groups=3)
     runs = WORKLOAD.runs
     for n, run in enumerate(runs):
-        strata.ingest(run.stream, _flink_header(run.body), csv=True)
+        strata.ingest(run.stream, nexmark_texts.flink_header(run.body), csv=True)
         if n % 4 == 3:
             reducer.run_once()
         if n == len(runs) // 2:
