@@ -120,11 +120,38 @@ def _exists(condition: exp.Exists, select: exp.Select, *, anti: bool) -> _Semi |
     conditions kept in it; None when it is not that (uncorrelated, correlated otherwise, or
     aggregated)."""
     inner = condition.this
-    if not isinstance(inner, exp.Select) or inner.args.get("where") is None:
-        return None
-    if any(
+    if not isinstance(inner, exp.Select) or any(
         inner.args.get(k) for k in ("group", "having", "distinct", "limit", "order", "qualify")
-    ) or any(inner.find_all(exp.AggFunc, exp.Window, exp.Subquery)):
+    ):
+        return None
+    if any(inner.find_all(exp.AggFunc)):
+        return None
+    found = correlation(inner, select)
+    if found is None:
+        return None
+    pairs, kept = found
+    values = inner.copy()
+    values.set(
+        "expressions",
+        [
+            exp.alias_(value.copy(), naming.semi_join_value(k))
+            for k, (_, value) in enumerate(pairs, start=1)
+        ],
+    )
+    values.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False), anti, None
+
+
+Correlation = tuple[list[tuple[exp.Expr, exp.Expr]], list[exp.Expr]]
+
+
+def correlation(inner: exp.Select, select: exp.Select) -> Correlation | None:
+    """How the subquery ``inner`` reads ``select``'s inputs, when only by equalities among
+    its WHERE's conjuncts: the pairs (outer expression, inner expression) of those
+    equalities, and the other conjuncts (which read the subquery's inputs alone). None
+    when its WHERE reads them otherwise, or not at all, or it holds a window call or a
+    subquery. (What its SELECT list reads is the caller's to check.)"""
+    if inner.args.get("where") is None or any(inner.find_all(exp.Window, exp.Subquery)):
         return None
     outer_names = {_name(item) for item in from_items(select)}
     inner_names = {_name(item) for item in from_items(inner)}
@@ -152,18 +179,7 @@ def _exists(condition: exp.Exists, select: exp.Select, *, anti: bool) -> _Semi |
             pairs.append((right, left))
         else:
             return None
-    if not pairs:
-        return None
-    values = inner.copy()
-    values.set(
-        "expressions",
-        [
-            exp.alias_(value.copy(), naming.semi_join_value(k))
-            for k, (_, value) in enumerate(pairs, start=1)
-        ],
-    )
-    values.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
-    return pairs, values.group_by(*(value.copy() for _, value in pairs), copy=False), anti, None
+    return (pairs, kept) if pairs else None
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:
