@@ -95,10 +95,11 @@ def _refusal(node: exp.Expr) -> str:
         )
     return (
         f"a subquery inside an expression is not supported here: {shown!r}; a scalar "
-        "subquery is one aggregate without GROUP BY, HAVING or LIMIT, not correlated, beside "
-        "no window call (... WHERE price > (SELECT avg(price) FROM s)), and in a query that "
-        "aggregates without GROUP BY it stands inside an aggregate call or WHERE; else join "
-        "the stream, or compute the value in a stream of its own"
+        "subquery is one aggregate without GROUP BY, HAVING or LIMIT, beside no window call, "
+        "not correlated or correlated only by equalities of its WHERE (... WHERE price > "
+        "(SELECT avg(price) FROM s s2 WHERE s2.k = s1.k)), and in a query that aggregates "
+        "without GROUP BY it stands inside an aggregate call or WHERE; else join the "
+        "stream, or compute the value in a stream of its own"
     )
 
 

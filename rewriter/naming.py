@@ -238,6 +238,12 @@ SEMI_JOIN_VALUE = "strata_in_value"  # the one column of an IN subquery's distin
 SCALAR_VALUE = "strata_scalar_value"  # the one column of a one-row scalar subquery
 
 
+def scalar_key(position: int) -> str:
+    """The ``position``-th column (from 1) of a correlated scalar subquery's join input: the
+    subquery's side of its ``position``-th correlating equality."""
+    return f"strata_scalar_key_{position}"
+
+
 def scalar_alias(position: int) -> str:
     """Alias of the ``position``-th one-row scalar subquery (from 1), the join input it
     becomes (rewriter.scalar_subqueries)."""

@@ -1,15 +1,27 @@
 """Pass 1d: a scalar subquery that is one aggregate over its inputs (``price > (SELECT
-avg(price) FROM bid)``), anywhere in SELECT, WHERE or HAVING, as the one-row join it is:
-``CROSS JOIN (SELECT avg(price) AS strata_scalar_value FROM bid) strata_scalar_1``, the
-subquery read as ``strata_scalar_1.strata_scalar_value``, which the pass planning
-subqueries as join inputs plans.
+avg(price) FROM bid)``), anywhere in SELECT, WHERE or HAVING, as the join it is, which the
+pass planning subqueries as join inputs plans.
 
-An aggregate without GROUP BY, HAVING or LIMIT is one row, even over no rows (NULL, or 0
-for a count), so the join keeps every row once and gives each the subquery's value, as
-PostgreSQL evaluates it once for the query. Where the query groups and the value stands
-outside an aggregate call in SELECT or HAVING, it is grouped by as well (one value: it
-splits no group). A correlated subquery, one that may yield several rows or none, and a
-query reading a window call keep their refusals: the pass leaves them as written.
+Uncorrelated, it is one row: ``CROSS JOIN (SELECT avg(price) AS strata_scalar_value FROM
+bid) strata_scalar_1``, the subquery read as ``strata_scalar_1.strata_scalar_value``. An
+aggregate without GROUP BY, HAVING or LIMIT is one row, even over no rows (NULL, or 0 for a
+count), so the join keeps every row once and gives each the subquery's value, as
+PostgreSQL evaluates it once for the query.
+
+Correlated by equalities (``(SELECT avg(price) FROM bid b2 WHERE b2.auction = b.auction
+AND ...)``), it is the aggregate grouped by the subquery's sides of them, LEFT JOINed on
+them: ``LEFT JOIN (SELECT b2.auction AS strata_scalar_key_1, avg(price) AS
+strata_scalar_value FROM bid b2 WHERE ... GROUP BY b2.auction) strata_scalar_1 ON
+b.auction = strata_scalar_1.strata_scalar_key_1``. One row per key, so every row of the
+query is kept once; a row no group matches (no row of the subquery, or a NULL key, which
+equals nothing, as in PostgreSQL) reads the aggregate over no rows: NULL, or 0 for a count
+(``CASE WHEN strata_scalar_1.strata_scalar_key_1 IS NULL THEN <the item over no rows>
+ELSE ... END``).
+
+Where the query groups and the value stands outside an aggregate call in SELECT or
+HAVING, it is grouped by as well (one value per group: it splits no group). A subquery
+correlated otherwise, one that may yield several rows, and a query reading a window call
+keep their refusals: the pass leaves them as written.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.semi_joins import correlated, plain_inputs, qualify_star
+from rewriter.semi_joins import Correlation, correlated, correlation, plain_inputs, qualify_star
 
 
 def scalar_subqueries(select: exp.Expr) -> exp.Expr:
@@ -31,44 +43,110 @@ def scalar_subqueries(select: exp.Expr) -> exp.Expr:
     aggregated = grouped or any(_aggregates(e) for e in joined.expressions)
     qualify_star(joined)
     regroup: list[exp.Expr] = []
-    for position, subquery in enumerate(scalars, start=1):
+    for position, (subquery, correlating) in enumerate(scalars, start=1):
         alias = naming.scalar_alias(position)
-        value = exp.column(naming.SCALAR_VALUE, table=alias)
+        item = subquery.this.expressions[0]
+        body = item.this if isinstance(item, exp.Alias) else item
+        value = _value(alias, body, correlating)
         if aggregated and _outside_aggregates(subquery, joined):
             if not grouped:
                 return select  # one row of the query's own: left to its refusal
             regroup.append(value.copy())
         inner = subquery.this.copy()
-        item = inner.expressions[0]
+        inner.set("expressions", [exp.alias_(body.copy(), naming.SCALAR_VALUE)])
+        subquery.replace(value)
+        if correlating is None:
+            joined = joined.join(_input(inner, alias), join_type="CROSS", copy=False)
+            continue
+        pairs, kept = correlating
         inner.set(
             "expressions",
-            [exp.alias_(item.this if isinstance(item, exp.Alias) else item, naming.SCALAR_VALUE)],
+            [
+                *(
+                    exp.alias_(own.copy(), naming.scalar_key(k))
+                    for k, (_, own) in enumerate(pairs, start=1)
+                ),
+                *inner.expressions,
+            ],
         )
-        subquery.replace(value)
-        joined = joined.join(
-            exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias))),
-            join_type="CROSS",
-            copy=False,
+        inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+        inner.group_by(*(own.copy() for _, own in pairs), copy=False)
+        on = exp.and_(
+            *(
+                exp.EQ(this=theirs.copy(), expression=exp.column(naming.scalar_key(k), table=alias))
+                for k, (theirs, _) in enumerate(pairs, start=1)
+            )
         )
+        joined = joined.join(_input(inner, alias), on=on, join_type="LEFT", copy=False)
     if regroup:
         joined.set("group", exp.Group(expressions=[*joined.args["group"].expressions, *regroup]))
     return joined
 
 
-def _scalars(select: exp.Select) -> list[exp.Subquery]:
-    """The one-row, uncorrelated scalar subqueries of SELECT, WHERE and HAVING, outermost
-    first."""
+def _input(inner: exp.Select, alias: str) -> exp.Subquery:
+    return exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+def _value(alias: str, body: exp.Expr, correlating: Correlation | None) -> exp.Expr:
+    """What the query reads in place of the subquery: the joined value, or for a correlated
+    one whose item is not NULL over no rows (a count), that item over no rows where no
+    group matched."""
+    value = exp.column(naming.SCALAR_VALUE, table=alias)
+    empty = _over_no_rows(body)
+    if correlating is None or empty is None:
+        return value
+    unmatched = exp.Is(this=exp.column(naming.scalar_key(1), table=alias), expression=exp.Null())
+    return exp.Case(ifs=[exp.If(this=unmatched, true=empty)], default=value)
+
+
+# Aggregates that are 0 over no rows; every other one is NULL there.
+_ZERO_OVER_NO_ROWS = (exp.Count, exp.CountIf, exp.ApproxDistinct)
+
+
+def _over_no_rows(body: exp.Expr) -> exp.Expr | None:
+    """The aggregate item ``body`` over no rows, where that is not plainly NULL (None)."""
+    if not any(isinstance(n, _ZERO_OVER_NO_ROWS) for n in body.find_all(exp.AggFunc)):
+        return None
+    if isinstance(body, exp.AggFunc):
+        return exp.Literal.number(0)
+    empty = body.copy()
+    for call in list(empty.find_all(exp.AggFunc)):
+        if call.find_ancestor(exp.AggFunc) is None:
+            zero = isinstance(call, _ZERO_OVER_NO_ROWS)
+            call.replace(exp.Literal.number(0) if zero else exp.Null())
+    return empty
+
+
+def _scalars(select: exp.Select) -> list[tuple[exp.Subquery, Correlation | None]]:
+    """The one-row scalar subqueries of SELECT, WHERE and HAVING (outermost first), each
+    with how it is correlated to the query by equalities (None: it is not correlated)."""
     roots = [*select.expressions, select.args.get("where"), select.args.get("having")]
-    found: list[exp.Subquery] = []
+    found: list[tuple[exp.Subquery, Correlation | None]] = []
     for root in roots:
         for node in root.find_all(exp.Subquery) if root is not None else []:
             if isinstance(node.parent, exp.From | exp.Join | exp.In | exp.Exists):
                 continue
-            if any(node is not f and _within(node, f) for f in found):
+            if any(node is not f and _within(node, f) for f, _ in found):
                 continue
-            if _one_row(node.this) and not correlated(node.this, select):
-                found.append(node)
+            if not _one_row(node.this):
+                continue
+            if not correlated(node.this, select):
+                found.append((node, None))
+            elif (found_by := _correlated_by_equalities(node.this, select)) is not None:
+                found.append((node, found_by))
     return found
+
+
+def _correlated_by_equalities(inner: exp.Select, select: exp.Select) -> Correlation | None:
+    """How ``inner`` is correlated to ``select`` when only by equalities of its WHERE, its
+    aggregate reading its own inputs alone."""
+    found = correlation(inner, select)
+    if found is None:
+        return None
+    pairs, kept = found
+    probe = inner.copy()
+    probe.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+    return None if correlated(probe, select) else found
 
 
 def _one_row(inner: exp.Expr) -> bool:

@@ -9,8 +9,8 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery
-and a ROLLUP."""
+table expression, an IN (subquery), a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery,
+a correlated one and a ROLLUP."""
 
 from __future__ import annotations
 
@@ -102,6 +102,9 @@ STREAMS = (
     # A scalar subquery: the one-row average, cross-joined.
     "CREATE STREAM above_avg AS SELECT auction, price, t FROM bid "
     "WHERE price > (SELECT avg(price) FROM bid) + 20",
+    # A correlated scalar subquery: each auction's average, grouped, LEFT JOINed.
+    "CREATE STREAM above_own AS SELECT auction, price, t FROM bid b WHERE price > "
+    "(SELECT avg(c.price) FROM bid c WHERE c.auction = b.auction) + 10",
     # ROLLUP: a stream per grouping set, their union read together.
     "CREATE STREAM by_rollup AS SELECT auction % 3 AS a3, price / 25 AS band, count(*) AS n, "
     "sum(price) AS s, GROUPING(auction % 3, price / 25) AS g, window_start FROM TUMBLE(bid, "
@@ -185,6 +188,10 @@ ORACLES = {
     ),
     "SELECT * FROM above_avg": (
         "SELECT auction, price, t FROM bid WHERE price > (SELECT avg(price) FROM bid) + 20"
+    ),
+    "SELECT * FROM above_own": (
+        "SELECT auction, price, t FROM bid b WHERE price > "
+        "(SELECT avg(c.price) FROM bid c WHERE c.auction = b.auction) + 10"
     ),
     "SELECT * FROM by_rollup": (
         "SELECT auction % 3, price / 25, count(*), sum(price), GROUPING(auction % 3, price / 25), "

@@ -43,6 +43,17 @@ QUERIES = {
     # an aggregate over all bids of a distance to a filtered minimum, under OR
     "spread": "SELECT count(*) AS n, sum(price - (SELECT min(price) FROM {bid} WHERE price > "
     "10)) AS s FROM {bid} b WHERE b.bidder = 1 OR b.price < (SELECT max(price) FROM {bid}) - 3",
+    # correlated by an equality: the bids above their own auction's average
+    "above_own": "SELECT auction, bidder, price FROM {bid} b WHERE price > "
+    "(SELECT avg(c.price) FROM {bid} c WHERE c.auction = b.auction)",
+    # a count (0 over no rows) correlated with NULL keys on both sides (auction 0 is NULL,
+    # which equals nothing), beside a filter of the subquery's own
+    "rivals": "SELECT auction, bidder, price, (SELECT count(*) + 1 FROM {bid} c WHERE "
+    "nullif(c.auction, 0) = nullif(b.auction, 0) AND c.bidder <> 2) AS others FROM {bid} b",
+    # in a grouped query, outside its aggregate calls, and correlated by two equalities
+    "top_other": "SELECT bidder, auction, count(*) AS n, (SELECT max(c.price) FROM {bid} c "
+    "WHERE c.bidder = b.bidder AND b.auction = c.auction AND c.price < 15) AS top "
+    "FROM {bid} b GROUP BY bidder, auction",
 }
 
 
@@ -77,10 +88,15 @@ def test_a_reader_sees_every_snapshot_exact_while_runs_arrive(module_strata: Str
 
 
 REFUSED = [
-    (  # correlated: a value per row
+    (  # correlated by other than equalities
         "SELECT auction FROM bid b WHERE price > (SELECT avg(c.price) FROM bid c "
+        "WHERE c.auction = b.auction AND c.date_time < b.date_time)",
+        "correlated only by equalities of its WHERE",
+    ),
+    (  # its aggregate reads the query's row
+        "SELECT auction FROM bid b WHERE price > (SELECT avg(c.price - b.price) FROM bid c "
         "WHERE c.auction = b.auction)",
-        "a subquery inside an expression is not supported here",
+        "correlated only by equalities of its WHERE",
     ),
     (  # several rows or none
         "SELECT auction FROM bid WHERE price > (SELECT price FROM bid ORDER BY price LIMIT 1)",
@@ -114,4 +130,22 @@ def test_the_value_is_a_stream_made_with_the_stream() -> None:
     assert made is not None
     assert made[1] == [
         ("s__in2", "CREATE STREAM s__in2 AS SELECT AVG(price) AS strata_scalar_value FROM bid")
+    ]
+
+
+def test_a_correlated_value_is_a_stream_grouped_by_its_keys() -> None:
+    """Planned without a server: the subquery correlated by an equality is ``s__in2``,
+    grouped by its side of the equality, which the stream LEFT JOINs on read."""
+    made = companions(
+        "CREATE STREAM s AS SELECT b.auction, b.price FROM bid b WHERE price > "
+        "(SELECT avg(c.price) FROM bid c WHERE c.auction = b.auction AND c.bidder > 1)",
+        {"bid": rewrite(BID, {})},
+    )
+    assert made is not None
+    assert made[1] == [
+        (
+            "s__in2",
+            "CREATE STREAM s__in2 AS SELECT c.auction AS strata_scalar_key_1, AVG(c.price) AS "
+            "strata_scalar_value FROM bid AS c WHERE c.bidder > 1 GROUP BY c.auction",
+        )
     ]
