@@ -74,3 +74,42 @@ def test_a_stream_without_history_has_nothing_to_back_fill(strata: Strata) -> No
     )
     progress = strata.client.get("/streams/per_min").json()["progress"]["backfill"]
     assert (progress["state"], progress["rows_total"]) == ("done", 0)
+
+
+def test_a_streams_back_fill_counts_the_streams_made_with_it(strata: Strata) -> None:
+    """A stream whose view reads streams made with it (here a scalar subquery's,
+    ``dear__in2``) is complete when their back-fills are: its progress sums theirs, and
+    says each one's."""
+    strata.create("CREATE STREAM ev (k text, t timestamptz) WITH (event_time = 't')")
+    rng = random.Random(5)
+    for _ in range(3):
+        strata.ingest("ev", _run(rng, 100))
+    strata.runtime.workers["backfill"].stop()  # step it by hand below
+    response = strata.client.post(
+        "/streams",
+        json={
+            "sql": "CREATE STREAM dear AS SELECT e.k, e.t FROM ev e WHERE e.t > "
+            "(SELECT min(f.t) FROM ev f WHERE f.k = e.k)"
+        },
+    )
+    assert response.status_code == 201, response.text
+    progress = strata.client.get("/streams/dear").json()["progress"]["backfill"]
+    assert progress["state"] == "running"
+    assert progress["streams"]["dear__in2"] == {
+        "state": "running",
+        "rows_done": 0,
+        "rows_total": 300,
+    }
+    assert progress["rows_total"] == sum(s["rows_total"] for s in progress["streams"].values())
+    worker = Backfiller(strata.service.engine, strata.service.plans, strata.runtime.backend)
+    for name in progress["streams"]:
+        plan = strata.service.stream(name).plan
+        while worker.step(plan):
+            pass
+    progress = strata.client.get("/streams/dear").json()["progress"]["backfill"]
+    assert (progress["state"], progress["eta_seconds"]) == ("done", 0)
+    assert progress["rows_done"] == progress["rows_total"]
+    expected = strata.query(
+        "SELECT e.k, e.t FROM ev e WHERE e.t > (SELECT min(f.t) FROM ev f WHERE f.k = e.k)"
+    )
+    assert sorted(strata.query("SELECT * FROM dear")) == sorted(expected) != []

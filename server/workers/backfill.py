@@ -198,25 +198,55 @@ class Backfiller(Worker):
 
 
 def backfill_progress(connection: sa.Connection, name: str) -> dict[str, object] | None:
-    """Rows done and to do, rate and ETA of a stream's back-fill (None if it had none)."""
-    state = connection.execute(
-        sa.select(catalog.backfills).where(catalog.backfills.c.stream == name)
-    ).first()
-    if state is None:
-        return None
-    end: datetime = state.finished_at or connection.execute(sa.select(sa.func.now())).scalar_one()
-    elapsed = max((end - state.started_at).total_seconds(), 1e-6)
-    rate = state.done_rows / elapsed
-    left = state.total_rows - state.done_rows
-    return {
-        "state": "done" if state.finished_at else "running",
-        "rows_done": state.done_rows,
-        "rows_total": state.total_rows,
-        "rows_per_second": round(rate),
-        "eta_seconds": 0 if state.finished_at else (round(left / rate, 1) if rate else None),
-        "started_at": state.started_at.isoformat(),
-        "finished_at": state.finished_at.isoformat() if state.finished_at else None,
+    """Rows done and to do, rate and ETA of the back-fill of ``name`` and of the streams
+    made with it (its view reads them: it is complete when they all are), summed, with
+    each one's own under ``streams``; None if none of them had one."""
+    states = {
+        n: s
+        for n in with_made(connection, name)
+        if (
+            s := connection.execute(
+                sa.select(catalog.backfills).where(catalog.backfills.c.stream == n)
+            ).first()
+        )
+        is not None
     }
+    if not states:
+        return None
+    now: datetime = connection.execute(sa.select(sa.func.now())).scalar_one()
+    running = [n for n, s in states.items() if s.finished_at is None]
+    started = min(s.started_at for s in states.values())
+    end = now if running else max(s.finished_at for s in states.values())
+    done = sum(s.done_rows for s in states.values())
+    total = sum(s.total_rows for s in states.values())
+    rate = done / max((end - started).total_seconds(), 1e-6)
+    return {
+        "state": "running" if running else "done",
+        "rows_done": done,
+        "rows_total": total,
+        "rows_per_second": round(rate),
+        "eta_seconds": (round((total - done) / rate, 1) if rate else None) if running else 0,
+        "started_at": started.isoformat(),
+        "finished_at": None if running else end.isoformat(),
+        "streams": {
+            n: {
+                "state": "running" if s.finished_at is None else "done",
+                "rows_done": s.done_rows,
+                "rows_total": s.total_rows,
+            }
+            for n, s in states.items()
+        },
+    }
+
+
+def with_made(connection: sa.Connection, name: str) -> list[str]:
+    """``name`` and the streams made with it (naming.made_with), at any depth."""
+    names = connection.execute(sa.select(catalog.streams.c.name)).scalars().all()
+    found, every = [name], [name]
+    while found:
+        found = [c for n in found for c in made_with(n, names)]
+        every += found
+    return every
 
 
 def wait_for(engine: sa.Engine, name: str, timeout: float = 600) -> None:
@@ -225,13 +255,8 @@ def wait_for(engine: sa.Engine, name: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with engine.connect() as connection:
-            names = connection.execute(sa.select(catalog.streams.c.name)).scalars().all()
-            waited, found = [name], [name]
-            while found:
-                found = [c for n in found for c in made_with(n, names)]
-                waited += found
-            progress = [backfill_progress(connection, n) for n in waited]
-        if all(p is None or p["state"] == "done" for p in progress):
+            progress = backfill_progress(connection, name)
+        if progress is None or progress["state"] == "done":
             return
         time.sleep(0.1)
     raise TimeoutError(f"back-fill of {name!r} did not finish in {timeout} s")
