@@ -89,8 +89,8 @@ def _refusal(node: exp.Expr) -> str:
     if isinstance(parent, exp.In):
         return (
             f"IN (subquery) is not supported here: {shown!r}; IN is a semi-join as a "
-            "condition of WHERE, alone or ANDed, its subquery not correlated, beside no "
-            "window call; else join the values (... FROM a JOIN (SELECT k FROM b GROUP BY k) "
+            "condition of WHERE, alone or ANDed, its subquery not correlated or correlated "
+            "only by equalities of its WHERE, beside no window call; else join the values (... FROM a JOIN (SELECT k FROM b GROUP BY k) "
             "x ON a.k = x.k)"
         )
     return (

@@ -107,6 +107,8 @@ def _semi(condition: exp.Expr, select: exp.Select) -> _Semi | None:
         inner = condition.this.args["query"].this
         value = inner.expressions[0]
         return [(condition.this.this, value)], _distinct_values(inner), True, _counts(inner)
+    if isinstance(condition, exp.In) and (exists := _in_as_exists(condition, select)):
+        return _exists(exists, select, anti=False)
     if isinstance(condition, exp.Exists):
         return _exists(condition, select, anti=False)
     if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Exists):
@@ -180,6 +182,30 @@ def correlation(inner: exp.Select, select: exp.Select) -> Correlation | None:
         else:
             return None
     return (pairs, kept) if pairs else None
+
+
+def _in_as_exists(condition: exp.In, select: exp.Select) -> exp.Exists | None:
+    """A correlated ``x IN (SELECT y FROM b WHERE ...)`` as the EXISTS it means in WHERE
+    (``EXISTS (SELECT y FROM b WHERE ... AND y = x)``: true for the same rows; where IN
+    gives NULL, no row matches, which WHERE takes as false); None for any other IN."""
+    query = condition.args.get("query")
+    inner = query.this if isinstance(query, exp.Subquery) else None
+    if condition.args.get("expressions") or not isinstance(inner, exp.Select):
+        return None
+    if len(inner.expressions) != 1 or inner.expressions[0].is_star:
+        return None
+    if not correlated(inner, select):
+        return None
+    item = inner.expressions[0]
+    value = item.this if isinstance(item, exp.Alias) else item
+    exists = inner.copy()
+    own = inner.args.get("where")
+    conditions = (
+        own.this.flatten() if own and isinstance(own.this, exp.And) else [own.this] if own else []
+    )
+    equal = exp.EQ(this=value.copy(), expression=condition.this.copy())
+    exists.set("where", exp.Where(this=exp.and_(*(c.copy() for c in conditions), equal)))
+    return exp.Exists(this=exists)
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:

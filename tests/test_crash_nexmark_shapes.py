@@ -9,7 +9,7 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery,
+table expression, an IN (subquery), a correlated one, a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery,
 a correlated one and a ROLLUP."""
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ STREAMS = (
     # EXISTS: a semi-join with the auctions' distinct keys.
     "CREATE STREAM in_category AS SELECT b.auction, b.price, b.t FROM bid b WHERE EXISTS "
     "(SELECT 1 FROM auction a WHERE a.id = b.auction AND a.category = 2)",
+    # A correlated IN: the EXISTS it means, a semi-join on (category, id % 5).
+    "CREATE STREAM same_mod5 AS SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
+    "IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id <> 3)",
     # NOT EXISTS: an anti-join with the bids' distinct keys.
     "CREATE STREAM unsold AS SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
     "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)",
@@ -173,6 +176,10 @@ ORACLES = {
         "(PARTITION BY a.id ORDER BY b.price DESC, b.t, b.url) AS rownum FROM auction a JOIN "
         "bid b ON a.id = b.auction AND b.t BETWEEN a.t AND a.t + INTERVAL '1 hour') x "
         "WHERE rownum <= 1"
+    ),
+    "SELECT * FROM same_mod5": (
+        "SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
+        "IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id <> 3)"
     ),
     "SELECT * FROM in_category": (
         "SELECT b.auction, b.price, b.t FROM bid b WHERE EXISTS "

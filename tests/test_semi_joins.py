@@ -55,6 +55,9 @@ QUERIES = {
     # EXISTS correlated by two equalities, the subquery's own condition kept in it
     "seen": "SELECT * FROM {bid} b WHERE EXISTS (SELECT 1 FROM {bid} c WHERE c.auction = "
     "b.auction AND c.bidder = b.bidder AND c.price > 15) AND b.price < 10",
+    # IN correlated by an equality, over an expression of the row: the EXISTS it means
+    "rebid": "SELECT b.auction, b.bidder, b.price FROM {bid} b WHERE b.bidder + 1 IN "
+    "(SELECT c.bidder FROM {bid} c WHERE c.auction = b.auction AND c.price > 12)",
     # an aggregate over EXISTS, correlated by an expression of the subquery's row
     "next": "SELECT b.bidder, count(*) AS n, sum(b.price) AS s FROM {bid} b WHERE EXISTS "
     "(SELECT * FROM {bid} c WHERE b.auction = c.auction + 1 AND c.extra <> 'x1') "
@@ -121,10 +124,10 @@ LEFT_REFUSED = [
         "SELECT * FROM bid WHERE auction IN (SELECT auction FROM bid) OR price > 5",
         "IN (subquery) is not supported here",
     ),
-    (  # correlated: a value set per row
+    (  # correlated by an inequality: no keys to join on
         "SELECT * FROM bid b WHERE b.auction IN (SELECT c.auction FROM bid c "
-        "WHERE c.bidder = b.bidder)",
-        "IN (subquery) is not supported here",
+        "WHERE c.bidder < b.bidder)",
+        "its subquery not correlated or correlated only by equalities of its WHERE",
     ),
     (  # a window call beside it
         "SELECT count(*) AS n, window_start FROM TUMBLE(bid, date_time, INTERVAL '1 hour') "
