@@ -90,8 +90,8 @@ def _refusal(node: exp.Expr) -> str:
         return (
             f"IN (subquery) is not supported here: {shown!r}; IN is a semi-join as a "
             "condition of WHERE, alone or ANDed, its subquery not correlated or correlated "
-            "only by equalities of its WHERE, beside no window call; else join the values (... FROM a JOIN (SELECT k FROM b GROUP BY k) "
-            "x ON a.k = x.k)"
+            "only by equalities of its WHERE, beside no window call; else join the values "
+            "(... FROM a JOIN (SELECT k FROM b GROUP BY k) x ON a.k = x.k)"
         )
     return (
         f"a subquery inside an expression is not supported here: {shown!r}; a scalar "

@@ -9,8 +9,8 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), a correlated one, a NOT IN, an EXISTS, a NOT EXISTS, a scalar subquery,
-a correlated one and a ROLLUP."""
+table expression, an IN (subquery), a correlated one, a NOT IN, an EXISTS, a NOT EXISTS,
+a scalar subquery, a correlated one and a ROLLUP."""
 
 from __future__ import annotations
 
