@@ -25,20 +25,29 @@ def _run(rng: random.Random, rows: int) -> str:
     )
 
 
-def test_backfill_in_chunks_alongside_new_runs(strata: Strata) -> None:
+def _created_over_history(
+    strata: Strata, rng: random.Random, runs: int, rows: int, sql: str
+) -> None:
+    """``ev`` with ``runs`` runs of ``rows`` rows archived, then the stream of ``sql``
+    created over them, the back-filler stopped (a test steps it by hand)."""
     strata.create("CREATE STREAM ev (k text, t timestamptz) WITH (event_time = 't')")
+    for _ in range(runs):
+        strata.ingest("ev", _run(rng, rows))
+    strata.runtime.workers["backfill"].stop()
+    response = strata.client.post("/streams", json={"sql": sql})
+    assert response.status_code == 201, response.text
+
+
+def test_backfill_in_chunks_alongside_new_runs(strata: Strata) -> None:
     rng = random.Random(3)
-    for _ in range(6):
-        strata.ingest("ev", _run(rng, 200))
-    strata.runtime.workers["backfill"].stop()  # step it by hand below
-    response = strata.client.post(
-        "/streams",
-        json={
-            "sql": "CREATE STREAM per_min AS SELECT k, count(*) AS c, window_start "
-            "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_start"
-        },
+    _created_over_history(
+        strata,
+        rng,
+        6,
+        200,
+        "CREATE STREAM per_min AS SELECT k, count(*) AS c, window_start "
+        "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_start",
     )
-    assert response.status_code == 201
     progress = strata.client.get("/streams/per_min").json()["progress"]["backfill"]
     assert progress["state"] == "running"
     assert (progress["rows_done"], progress["rows_total"]) == (0, 1200)
@@ -80,19 +89,14 @@ def test_a_streams_back_fill_counts_the_streams_made_with_it(strata: Strata) -> 
     """A stream whose view reads streams made with it (here a scalar subquery's,
     ``dear__in2``) is complete when their back-fills are: its progress sums theirs, and
     says each one's."""
-    strata.create("CREATE STREAM ev (k text, t timestamptz) WITH (event_time = 't')")
-    rng = random.Random(5)
-    for _ in range(3):
-        strata.ingest("ev", _run(rng, 100))
-    strata.runtime.workers["backfill"].stop()  # step it by hand below
-    response = strata.client.post(
-        "/streams",
-        json={
-            "sql": "CREATE STREAM dear AS SELECT e.k, e.t FROM ev e WHERE e.t > "
-            "(SELECT min(f.t) FROM ev f WHERE f.k = e.k)"
-        },
+    _created_over_history(
+        strata,
+        random.Random(5),
+        3,
+        100,
+        "CREATE STREAM dear AS SELECT e.k, e.t FROM ev e WHERE e.t > "
+        "(SELECT min(f.t) FROM ev f WHERE f.k = e.k)",
     )
-    assert response.status_code == 201, response.text
     progress = strata.client.get("/streams/dear").json()["progress"]["backfill"]
     assert progress["state"] == "running"
     assert progress["streams"]["dear__in2"] == {
