@@ -107,13 +107,15 @@ def _over_no_rows(body: exp.Expr) -> exp.Expr | None:
     """The aggregate item ``body`` over no rows, where that is not plainly NULL (None)."""
     if not any(isinstance(n, _ZERO_OVER_NO_ROWS) for n in body.find_all(exp.AggFunc)):
         return None
-    if isinstance(body, exp.AggFunc):
+    if isinstance(body, exp.AggFunc | exp.Filter):
         return exp.Literal.number(0)
     empty = body.copy()
     for call in list(empty.find_all(exp.AggFunc)):
         if call.find_ancestor(exp.AggFunc) is None:
             zero = isinstance(call, _ZERO_OVER_NO_ROWS)
-            call.replace(exp.Literal.number(0) if zero else exp.Null())
+            # FILTER (WHERE ...) goes with its call
+            whole = call.parent if isinstance(call.parent, exp.Filter) else call
+            whole.replace(exp.Literal.number(0) if zero else exp.Null())
     return empty
 
 

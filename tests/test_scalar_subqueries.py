@@ -49,7 +49,9 @@ QUERIES = {
     # a count (0 over no rows) correlated with NULL keys on both sides (auction 0 is NULL,
     # which equals nothing), beside a filter of the subquery's own
     "rivals": "SELECT auction, bidder, price, (SELECT count(*) + 1 FROM {bid} c WHERE "
-    "nullif(c.auction, 0) = nullif(b.auction, 0) AND c.bidder <> 2) AS others FROM {bid} b",
+    "nullif(c.auction, 0) = nullif(b.auction, 0) AND c.bidder <> 2) AS others, (SELECT "
+    "count(*) FILTER (WHERE c.price > 10) FROM {bid} c WHERE c.bidder = b.bidder + 1) AS "
+    "dear_next FROM {bid} b",
     # in a grouped query, outside its aggregate calls, and correlated by two equalities
     "top_other": "SELECT bidder, auction, count(*) AS n, (SELECT max(c.price) FROM {bid} c "
     "WHERE c.bidder = b.bidder AND b.auction = c.auction AND c.price < 15) AS top "
