@@ -82,9 +82,9 @@ def _refusal(node: exp.Expr) -> str:
     if isinstance(parent, exp.In) and isinstance(parent.parent, exp.Not):
         return (
             f"NOT IN (subquery) is not supported here: {shown!r}; NOT IN is an anti-join as "
-            "a condition of WHERE, alone or ANDed, its subquery not correlated, beside no "
-            "window call; else keep the rows without a match with NOT EXISTS (SELECT 1 FROM "
-            "b WHERE b.k = a.k)"
+            "a condition of WHERE, alone or ANDed, its subquery not correlated or "
+            "correlated only by equalities of its WHERE, beside no window call; else keep "
+            "the rows without a match with NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)"
         )
     if isinstance(parent, exp.In):
         return (

@@ -65,21 +65,30 @@ def semi_joins(select: exp.Expr) -> exp.Expr:
             continue
         # NOT IN: true when the subquery is empty; else only without a NULL among its
         # values, for a value that is not NULL and matches none.
+        # (correlated: per key of the correlating pairs, all but the value's, the last)
         tally = naming.not_in_counts_alias(position)
+        keys = [
+            exp.EQ(this=outer.copy(), expression=exp.column(naming.semi_join_value(k), table=tally))
+            for k, (outer, _) in enumerate(pairs[:-1], start=1)
+        ]
         joined = joined.join(
             exp.Subquery(this=counts, alias=exp.TableAlias(this=exp.to_identifier(tally))),
-            join_type="CROSS",
+            on=exp.and_(*keys) if keys else None,
+            join_type="LEFT" if keys else "CROSS",
             copy=False,
         )
-        rows = exp.column(naming.NOT_IN_ROWS, table=tally)
-        values_seen = exp.column(naming.NOT_IN_VALUES, table=tally)
+        rows: exp.Expr = exp.column(naming.NOT_IN_ROWS, table=tally)
+        values_seen: exp.Expr = exp.column(naming.NOT_IN_VALUES, table=tally)
+        if keys:  # a key without rows in the subquery has no counts: 0
+            rows = exp.func("coalesce", rows, exp.Literal.number(0))
+            values_seen = exp.func("coalesce", values_seen, exp.Literal.number(0))
         kept.append(
             exp.or_(
                 rows.copy().eq(0),
                 exp.and_(
                     unmatched,
                     rows.eq(values_seen),
-                    exp.Not(this=pairs[0][0].copy().is_(exp.null())),
+                    exp.Not(this=pairs[-1][0].copy().is_(exp.null())),
                 ),
             )
         )
@@ -107,6 +116,12 @@ def _semi(condition: exp.Expr, select: exp.Select) -> _Semi | None:
         inner = condition.this.args["query"].this
         value = inner.expressions[0]
         return [(condition.this.this, value)], _distinct_values(inner), True, _counts(inner)
+    if (
+        isinstance(condition, exp.Not)
+        and isinstance(condition.this, exp.In)
+        and (exists := _in_as_exists(condition.this, select))
+    ):
+        return _correlated_not_in(condition.this, exists, select)
     if isinstance(condition, exp.In) and (exists := _in_as_exists(condition, select)):
         return _exists(exists, select, anti=False)
     if isinstance(condition, exp.Exists):
@@ -206,6 +221,54 @@ def _in_as_exists(condition: exp.In, select: exp.Select) -> exp.Exists | None:
     equal = exp.EQ(this=value.copy(), expression=condition.this.copy())
     exists.set("where", exp.Where(this=exp.and_(*(c.copy() for c in conditions), equal)))
     return exp.Exists(this=exists)
+
+
+def _correlated_not_in(condition: exp.In, exists: exp.Exists, select: exp.Select) -> _Semi | None:
+    """``x NOT IN (SELECT c FROM b WHERE b.k = a.k AND ...)``: the anti-join on (k, c) of
+    the EXISTS it negates, with the subquery's counts per key (rows, values that are not
+    NULL), joined on k, for NULL's meaning; None unless ``x`` reads the query's row (its
+    equality is then the last pair) and the subquery is plain."""
+    found = _exists(exists, select, anti=True)
+    if found is None or not _plain(exists.this):
+        return None
+    pairs, values, _, _ = found
+    if len(pairs) < 2 or pairs[-1][0] != condition.this:
+        return None
+    inner = condition.args["query"].this
+    item = inner.expressions[0]
+    counts = exists.this.copy()
+    counts.set(
+        "expressions",
+        [
+            *(
+                exp.alias_(own.copy(), naming.semi_join_value(k))
+                for k, (_, own) in enumerate(pairs[:-1], start=1)
+            ),
+            exp.alias_(exp.Count(this=exp.Star()), naming.NOT_IN_ROWS),
+            exp.alias_(
+                exp.Count(this=(item.this if isinstance(item, exp.Alias) else item).copy()),
+                naming.NOT_IN_VALUES,
+            ),
+        ],
+    )
+    kept = [c for c in _where_conjuncts(exists.this) if not _pairs_with(c, pairs)]
+    counts.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+    counts.group_by(*(own.copy() for _, own in pairs[:-1]), copy=False)
+    return pairs, values, True, counts
+
+
+def _where_conjuncts(select: exp.Select) -> list[exp.Expr]:
+    where = select.args.get("where")
+    if where is None:
+        return []
+    return list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
+
+
+def _pairs_with(conjunct: exp.Expr, pairs: list[tuple[exp.Expr, exp.Expr]]) -> bool:
+    """Whether ``conjunct`` is the equality of one of ``pairs`` (either way round)."""
+    return isinstance(conjunct, exp.EQ) and any(
+        {conjunct.this, conjunct.expression} == {outer, own} for outer, own in pairs
+    )
 
 
 def _conjuncts(select: exp.Select) -> list[exp.Expr]:

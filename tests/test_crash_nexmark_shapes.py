@@ -9,8 +9,8 @@ After the restart, and the runs the server never took posted again, every run se
 archived once (the ledger's set check) and every view equals its batch query over the
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
-table expression, an IN (subquery), a correlated one, a NOT IN, an EXISTS, a NOT EXISTS,
-a scalar subquery, a correlated one and a ROLLUP."""
+table expression, an IN (subquery), a correlated one, a NOT IN, a correlated one, an
+EXISTS, a NOT EXISTS, a scalar subquery, a correlated one and a ROLLUP."""
 
 from __future__ import annotations
 
@@ -96,6 +96,9 @@ STREAMS = (
     # A correlated IN: the EXISTS it means, a semi-join on (category, id % 5).
     "CREATE STREAM same_mod5 AS SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
     "IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id <> 3)",
+    # A correlated NOT IN: the anti-join on (category, id % 5), counted per id % 5.
+    "CREATE STREAM odd_mod5 AS SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
+    "NOT IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id > 50)",
     # NOT EXISTS: an anti-join with the bids' distinct keys.
     "CREATE STREAM unsold AS SELECT a.id, a.category, a.t FROM auction a WHERE NOT EXISTS "
     "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 80)",
@@ -180,6 +183,10 @@ ORACLES = {
     "SELECT * FROM same_mod5": (
         "SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
         "IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id <> 3)"
+    ),
+    "SELECT * FROM odd_mod5": (
+        "SELECT a.id, a.category, a.t FROM auction a WHERE a.category "
+        "NOT IN (SELECT a2.category FROM auction a2 WHERE a2.id % 5 = a.id % 5 AND a2.id > 50)"
     ),
     "SELECT * FROM in_category": (
         "SELECT b.auction, b.price, b.t FROM bid b WHERE EXISTS "

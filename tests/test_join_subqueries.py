@@ -369,7 +369,7 @@ REFUSED = [
     ),
     (
         f"SELECT b.auction FROM bid b JOIN {_WINDOWED} m ON b.price = m.top "
-        "WHERE b.auction NOT IN (SELECT c.auction FROM bid c WHERE c.bidder = b.bidder)",
+        "WHERE b.auction NOT IN (SELECT c.auction FROM bid c WHERE c.bidder < b.bidder)",
         "NOT IN (subquery) is not supported here",
     ),
     (
