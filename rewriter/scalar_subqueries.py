@@ -18,6 +18,10 @@ equals nothing, as in PostgreSQL) reads the aggregate over no rows: NULL, or 0 f
 (``CASE WHEN strata_scalar_1.strata_scalar_key_1 IS NULL THEN <the item over no rows>
 ELSE ... END``).
 
+An uncorrelated ``EXISTS (SELECT ... FROM b WHERE c)`` of a plain subquery (no grouping,
+DISTINCT or LIMIT), anywhere in SELECT, WHERE or HAVING, under OR or NOT too, is the
+scalar subquery it means, ``(SELECT count(*) FROM b WHERE c) > 0``, and joins so.
+
 Where the query groups and the value stands outside an aggregate call in SELECT or
 HAVING, it is grouped by as well (one value per group: it splits no group). A subquery
 correlated otherwise, one that may yield several rows, and a query reading a window call
@@ -29,15 +33,24 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.semi_joins import Correlation, correlated, correlation, plain_inputs, qualify_star
+from rewriter.semi_joins import (
+    Correlation,
+    correlated,
+    correlation,
+    plain_inputs,
+    plain_subquery,
+    qualify_star,
+)
 
 
 def scalar_subqueries(select: exp.Expr) -> exp.Expr:
     """``select`` with each one-row scalar subquery of its SELECT, WHERE and HAVING joined
     instead (the same tree when there is none it can join)."""
-    if not isinstance(select, exp.Select) or not _scalars(select) or not plain_inputs(select):
+    if not isinstance(select, exp.Select) or not plain_inputs(select):
         return select
-    joined = select.copy()
+    joined = _exists_as_counts(select)
+    if not _scalars(joined):
+        return select
     scalars = _scalars(joined)
     grouped = joined.args.get("group") is not None
     aggregated = grouped or any(_aggregates(e) for e in joined.expressions)
@@ -81,6 +94,25 @@ def scalar_subqueries(select: exp.Expr) -> exp.Expr:
     if regroup:
         joined.set("group", exp.Group(expressions=[*joined.args["group"].expressions, *regroup]))
     return joined
+
+
+def _exists_as_counts(select: exp.Select) -> exp.Select:
+    """A copy of ``select`` with each uncorrelated ``EXISTS (SELECT ... FROM b WHERE c)`` of
+    a plain subquery, in SELECT, WHERE or HAVING (under OR or NOT too), as the scalar
+    subquery it means: ``(SELECT count(*) FROM b WHERE c) > 0``."""
+    counted = select.copy()
+    roots = [*counted.expressions, counted.args.get("where"), counted.args.get("having")]
+    for root in roots:
+        for node in list(root.find_all(exp.Exists)) if root is not None else []:
+            inner = node.this
+            if not isinstance(inner, exp.Select) or not plain_subquery(inner):
+                continue
+            if correlated(inner, select) or any(inner.find_all(exp.Subquery)):
+                continue
+            count = inner.copy()
+            count.set("expressions", [exp.Count(this=exp.Star())])
+            node.replace(exp.GT(this=exp.Subquery(this=count), expression=exp.Literal.number(0)))
+    return counted
 
 
 def _input(inner: exp.Select, alias: str) -> exp.Subquery:

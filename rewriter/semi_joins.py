@@ -229,7 +229,7 @@ def _correlated_not_in(condition: exp.In, exists: exp.Exists, select: exp.Select
     NULL), joined on k, for NULL's meaning; None unless ``x`` reads the query's row (its
     equality is then the last pair) and the subquery is plain."""
     found = _exists(exists, select, anti=True)
-    if found is None or not _plain(exists.this):
+    if found is None or not plain_subquery(exists.this):
         return None
     pairs, values, _, _ = found
     if len(pairs) < 2 or pairs[-1][0] != condition.this:
@@ -349,7 +349,7 @@ def _counts(inner: exp.Select) -> exp.Select:
         exp.alias_(exp.Count(this=exp.Star()), naming.NOT_IN_ROWS),
         exp.alias_(exp.Count(this=value.copy()), naming.NOT_IN_VALUES),
     ]
-    if _plain(inner):
+    if plain_subquery(inner):
         counts = inner.copy()
         counts.set("expressions", counted)
         return counts
@@ -362,7 +362,7 @@ def _counts(inner: exp.Select) -> exp.Select:
     ).from_(exp.Subquery(this=named, alias=exp.TableAlias(this=exp.to_identifier("v"))))
 
 
-def _plain(inner: exp.Select) -> bool:
+def plain_subquery(inner: exp.Select) -> bool:
     """A subquery without grouping, DISTINCT, LIMIT or window functions: its rows are its
     input's rows that pass its WHERE."""
     return not any(
@@ -374,7 +374,7 @@ def _distinct_values(inner: exp.Select) -> exp.Select:
     """The subquery's values, each once, as the one column naming.SEMI_JOIN_VALUE."""
     value = inner.expressions[0]
     value = value.this if isinstance(value, exp.Alias) else value
-    if _plain(inner):
+    if plain_subquery(inner):
         values = inner.copy()
         values.set("expressions", [exp.alias_(value.copy(), naming.SEMI_JOIN_VALUE)])
         return values.group_by(value.copy(), copy=False)

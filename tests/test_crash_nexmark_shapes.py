@@ -10,7 +10,8 @@ archived once (the ledger's set check) and every view equals its batch query ove
 raw rows. A stream calling the user's SQL function (inlined) is among them, one
 deduplicating with DISTINCT ON, q7 written with WITH, a window call over a common
 table expression, an IN (subquery), a correlated one, a NOT IN, a correlated one, an
-EXISTS, a NOT EXISTS, a scalar subquery, a correlated one and a ROLLUP."""
+EXISTS, an uncorrelated one, a NOT EXISTS, a scalar subquery, a correlated one and a
+ROLLUP."""
 
 from __future__ import annotations
 
@@ -111,6 +112,9 @@ STREAMS = (
     # A correlated scalar subquery: each auction's average, grouped, LEFT JOINed.
     "CREATE STREAM above_own AS SELECT auction, price, t FROM bid b WHERE price > "
     "(SELECT avg(c.price) FROM bid c WHERE c.auction = b.auction) + 10",
+    # EXISTS not correlated, under OR: the count of its rows above 0, cross-joined.
+    "CREATE STREAM any_top AS SELECT auction, price, t FROM bid WHERE EXISTS "
+    "(SELECT 1 FROM bid WHERE price > 95) OR price < 10",
     # ROLLUP: a stream per grouping set, their union read together.
     "CREATE STREAM by_rollup AS SELECT auction % 3 AS a3, price / 25 AS band, count(*) AS n, "
     "sum(price) AS s, GROUPING(auction % 3, price / 25) AS g, window_start FROM TUMBLE(bid, "
@@ -206,6 +210,10 @@ ORACLES = {
     "SELECT * FROM above_own": (
         "SELECT auction, price, t FROM bid b WHERE price > "
         "(SELECT avg(c.price) FROM bid c WHERE c.auction = b.auction) + 10"
+    ),
+    "SELECT * FROM any_top": (
+        "SELECT auction, price, t FROM bid WHERE EXISTS "
+        "(SELECT 1 FROM bid WHERE price > 95) OR price < 10"
     ),
     "SELECT * FROM by_rollup": (
         "SELECT auction % 3, price / 25, count(*), sum(price), GROUPING(auction % 3, price / 25), "

@@ -43,6 +43,11 @@ QUERIES = {
     # an aggregate over all bids of a distance to a filtered minimum, under OR
     "spread": "SELECT count(*) AS n, sum(price - (SELECT min(price) FROM {bid} WHERE price > "
     "10)) AS s FROM {bid} b WHERE b.bidder = 1 OR b.price < (SELECT max(price) FROM {bid}) - 3",
+    # EXISTS not correlated, under OR, and NOT EXISTS: the count of its rows above 0, or not
+    "any_dear": "SELECT auction, price FROM {bid} b WHERE EXISTS (SELECT 1 FROM {bid} c WHERE "
+    "c.price > 19) OR b.bidder = 0",
+    "no_top_4": "SELECT auction, bidder FROM {bid} b WHERE NOT EXISTS (SELECT 1 FROM {bid} c "
+    "WHERE c.price > 18 AND c.bidder = 4) AND b.price < 15",
     # correlated by an equality: the bids above their own auction's average
     "above_own": "SELECT auction, bidder, price FROM {bid} b WHERE price > "
     "(SELECT avg(c.price) FROM {bid} c WHERE c.auction = b.auction)",

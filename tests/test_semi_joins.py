@@ -147,8 +147,9 @@ LEFT_REFUSED = [
         "SELECT * FROM bid b WHERE EXISTS (SELECT 1 FROM bid c WHERE c.price > b.price)",
         "EXISTS (subquery) is not supported here",
     ),
-    (  # not correlated: every row or none
-        "SELECT * FROM bid b WHERE EXISTS (SELECT 1 FROM bid c WHERE c.price > 5)",
+    (  # not correlated, over a grouped subquery
+        "SELECT * FROM bid b WHERE EXISTS (SELECT c.auction FROM bid c GROUP BY c.auction "
+        "HAVING count(*) > 5)",
         "EXISTS (subquery) is not supported here",
     ),
     (  # under OR
