@@ -49,9 +49,9 @@ def scalar_subqueries(select: exp.Expr) -> exp.Expr:
     if not isinstance(select, exp.Select) or not plain_inputs(select):
         return select
     joined = _exists_as_counts(select)
-    if not _scalars(joined):
-        return select
     scalars = _scalars(joined)
+    if not scalars:
+        return select
     grouped = joined.args.get("group") is not None
     aggregated = grouped or any(_aggregates(e) for e in joined.expressions)
     qualify_star(joined)

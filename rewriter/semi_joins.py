@@ -182,8 +182,7 @@ def correlation(inner: exp.Select, select: exp.Select) -> Correlation | None:
 
     pairs: list[tuple[exp.Expr, exp.Expr]] = []
     kept: list[exp.Expr] = []
-    conditions = inner.args["where"].this
-    for conjunct in conditions.flatten() if isinstance(conditions, exp.And) else [conditions]:
+    for conjunct in _conjuncts(inner):
         if not reads_outer(conjunct):
             kept.append(conjunct)
             continue
@@ -214,12 +213,8 @@ def _in_as_exists(condition: exp.In, select: exp.Select) -> exp.Exists | None:
     item = inner.expressions[0]
     value = item.this if isinstance(item, exp.Alias) else item
     exists = inner.copy()
-    own = inner.args.get("where")
-    conditions = (
-        own.this.flatten() if own and isinstance(own.this, exp.And) else [own.this] if own else []
-    )
     equal = exp.EQ(this=value.copy(), expression=condition.this.copy())
-    exists.set("where", exp.Where(this=exp.and_(*(c.copy() for c in conditions), equal)))
+    exists.set("where", exp.Where(this=exp.and_(*(c.copy() for c in _conjuncts(inner)), equal)))
     return exp.Exists(this=exists)
 
 
@@ -229,7 +224,7 @@ def _correlated_not_in(condition: exp.In, exists: exp.Exists, select: exp.Select
     NULL), joined on k, for NULL's meaning; None unless ``x`` reads the query's row (its
     equality is then the last pair) and the subquery is plain."""
     found = _exists(exists, select, anti=True)
-    if found is None or not plain_subquery(exists.this):
+    if found is None:
         return None
     pairs, values, _, _ = found
     if len(pairs) < 2 or pairs[-1][0] != condition.this:
@@ -251,29 +246,17 @@ def _correlated_not_in(condition: exp.In, exists: exp.Exists, select: exp.Select
             ),
         ],
     )
-    kept = [c for c in _where_conjuncts(exists.this) if not _pairs_with(c, pairs)]
-    counts.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))) if kept else None)
+    counts.set("where", values.args["where"].copy() if values.args.get("where") else None)
     counts.group_by(*(own.copy() for _, own in pairs[:-1]), copy=False)
     return pairs, values, True, counts
 
 
-def _where_conjuncts(select: exp.Select) -> list[exp.Expr]:
+def _conjuncts(select: exp.Select) -> list[exp.Expr]:
+    """The conditions ANDed in ``select``'s WHERE (none without one)."""
     where = select.args.get("where")
     if where is None:
         return []
     return list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
-
-
-def _pairs_with(conjunct: exp.Expr, pairs: list[tuple[exp.Expr, exp.Expr]]) -> bool:
-    """Whether ``conjunct`` is the equality of one of ``pairs`` (either way round)."""
-    return isinstance(conjunct, exp.EQ) and any(
-        {conjunct.this, conjunct.expression} == {outer, own} for outer, own in pairs
-    )
-
-
-def _conjuncts(select: exp.Select) -> list[exp.Expr]:
-    condition = select.args["where"].this
-    return list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
 
 
 def _is_semi(condition: exp.Expr, select: exp.Select) -> bool:

@@ -201,16 +201,9 @@ def backfill_progress(connection: sa.Connection, name: str) -> dict[str, object]
     """Rows done and to do, rate and ETA of the back-fill of ``name`` and of the streams
     made with it (its view reads them: it is complete when they all are), summed, with
     each one's own under ``streams``; None if none of them had one."""
-    states = {
-        n: s
-        for n in with_made(connection, name)
-        if (
-            s := connection.execute(
-                sa.select(catalog.backfills).where(catalog.backfills.c.stream == n)
-            ).first()
-        )
-        is not None
-    }
+    backfills = catalog.backfills
+    found = sa.select(backfills).where(backfills.c.stream.in_(with_made(connection, name)))
+    states = {s.stream: s for s in connection.execute(found)}
     if not states:
         return None
     now: datetime = connection.execute(sa.select(sa.func.now())).scalar_one()
