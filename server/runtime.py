@@ -268,6 +268,10 @@ def running(settings: Settings, shutdown: Shutdown | None = None) -> Iterator[Ru
     ``shutdown``'s deadlines (server/shutdown.py), counted from its request - a signal's,
     or the end of the ``with`` block."""
     shutdown = shutdown or Shutdown(settings.shutdown_timeout)
+    # py4j logs a traceback on the root logger for a call the JVM's exit cut short, then
+    # raises an error Strata reports itself. A stop signal reaches the JVM (under systemd)
+    # before Strata's handler runs, so the filter is on from the start, not from the stop.
+    logging.getLogger().addFilter(_quiet_py4j)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedded: EmbeddedPostgres | None = None
     supervisor: Supervisor | None = None
@@ -327,8 +331,6 @@ def _stop(
     """Stop what ``running`` started, each part within its share of the shutdown timeout;
     a part that fails is logged, and the next one is stopped all the same. Returns the
     parts that failed."""
-    # Tracebacks py4j logs for calls cut short by the JVM's exit say nothing new now.
-    logging.getLogger().addFilter(_quiet_py4j)
     steps: list[tuple[str, Callable[[], None]]] = []
     if supervisor is not None:
         steps.append(("the PostgreSQL supervisor", supervisor.request_stop))
