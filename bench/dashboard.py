@@ -8,28 +8,35 @@ What it does, in one process:
 1. starts an embedded PostgreSQL in a temporary dir (or uses ``STRATA_DATABASE_URL``) and
    applies the migrations (bench.harness.database);
 2. registers the streams of STREAMS in the catalog as ``POST /streams`` would
-   (bench.harness.catalog): a raw stream ``ev``; ``per_minute`` (count and revenue per
-   campaign and minute); ``per_5``, its 5-minute roll-up; ``hop`` (count per campaign over
-   sliding 5-minute windows); ``top_per_5`` (MAX over ``per_minute``'s count: serial); and
-   ``sketch`` (approx_percentile and approx_count_distinct per campaign and hour);
+   (bench.harness.catalog), one of every view kind: a raw stream ``ev``; ``per_minute``
+   (count and revenue per campaign and minute); ``per_5``, its 5-minute roll-up; ``hop``
+   (count per campaign over sliding 5-minute windows); ``top_per_5`` (MAX over
+   ``per_minute``'s count: serial); ``sketch`` (approx_percentile and
+   approx_count_distinct per campaign and hour); ``leaders`` (top 10 campaigns a minute)
+   and ``running`` (each campaign's running total), views over ``per_minute``; ``visits``
+   (sessions, computed on read from ``ev``'s raw rows); and ``by_owner`` (an aggregate
+   joined with the table ``owners``, which gives each campaign one of 20 owners);
 3. fills every parallel stream's partial archive, as Spark would have written it, with one
    partial row per window and campaign over ``--hours`` hours, from the run (1..20) whose
-   slice of the span holds the window, and sets ``ev``'s watermark to the span's end so that
-   every window is closed;
+   slice of the span holds the window, and ``ev``'s raw archive with a click or two per
+   campaign every 10 minutes (RAW_FILL), and sets ``ev``'s watermark to the span's end so
+   that every window is closed;
 4. phase "caught up": runs the reducer and the materializer until they have nothing left
    to do (VACUUM ANALYZE after each, as autovacuum would);
 5. phase "late": adds late partial rows from 4 more runs (21..24, 20% of the runs), each
    for all campaigns and every window of one of 4 random slices of the span, into every
-   parallel stream's partial archive, records the corrections they make to ``top_per_5``'s
-   materialized windows (as a run's commit would), and reduces nothing;
+   parallel stream's partial archive (and a click per campaign every 10 minutes of the
+   slice into ``ev``'s raw archive, each joining a session), records the corrections they
+   make to ``top_per_5``'s materialized windows (as a run's commit would), and reduces
+   nothing;
 6. phase "folded": wakes the reducer and the repairer, as the late runs' commit does
    (server/runtime.py wires it), and times how long from then until no serial window
    waits for its repair, and until no partial row waits for a fold either: the time from
    a late run's commit until its windows read at caught-up speed again;
 7. in each phase, for each query of QUERIES: ``CREATE TABLE plain_<view> AS SELECT * FROM
-   <view>`` indexed on (t, campaign) or (t), and times the query on the view and on the
-   plain table (median of ``--repeat`` after one untimed run); both must give identical
-   rows, or the benchmark fails.
+   <view>`` indexed on (t, campaign) or (t) (window_start for sessions), and times the
+   query on the view and on the plain table (median of ``--repeat`` after one untimed
+   run); both must give identical rows, or the benchmark fails.
 
 With ``--explain DIR``, each phase also writes EXPLAIN (ANALYZE, BUFFERS) of every query
 on the view to DIR (``<phase>-<view>-<query>.txt``, after the timed runs): the evidence of
@@ -62,9 +69,11 @@ from rewriter.naming import (
     INTERNAL_SCHEMA,
     consolidated_table,
     partial_archive_table,
+    raw_archive_table,
     serial_archive_table,
 )
 from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from rewriter.tables import TableColumn, TableSchema
 from server.catalog import PlanCache, create_catalog_engine
 from server.settings import DEFAULTS
 from server.workers.reducer import Reducer
@@ -92,13 +101,35 @@ STREAMS = {
     "sketch": "CREATE STREAM sketch AS SELECT campaign, approx_percentile(price, 0.95) AS p95, "
     "approx_count_distinct(user_id) AS users, window_end AS t "
     "FROM TUMBLE(ev, t, INTERVAL '1 hour') GROUP BY campaign, window_end",
+    # Top-N and running totals: views over per_minute's rows.
+    "leaders": "CREATE STREAM leaders AS SELECT campaign, n, t FROM (SELECT campaign, n, t, "
+    "ROW_NUMBER() OVER (PARTITION BY t ORDER BY n DESC, campaign) AS rn FROM per_minute) x "
+    "WHERE rn <= 10",
+    "running": "CREATE STREAM running AS SELECT campaign, t, sum(n) OVER (PARTITION BY campaign "
+    "ORDER BY t) AS total FROM per_minute",
+    # Sessions: computed on read from the raw rows.
+    "visits": "CREATE STREAM visits AS SELECT campaign, count(*) AS n, window_start, window_end "
+    "FROM SESSION(ev, t, INTERVAL '40 seconds') GROUP BY campaign, window_start",
+    # An aggregate joined with a table: the partials per campaign, joined on read.
+    "by_owner": "CREATE STREAM by_owner AS SELECT o.owner, sum(e.price) AS spent, "
+    "count(*) AS n, window_end AS t FROM TUMBLE(ev, t, INTERVAL '1 minute') e "
+    "JOIN owners o ON o.campaign = e.campaign GROUP BY o.owner, window_end",
 }
+# The table by_owner joins: every campaign's owner, 20 owners.
+OWNERS = TableSchema(
+    "owners", (TableColumn("campaign", "text"), TableColumn("owner", "text")), ("campaign",)
+)
+OWNERS_DDL = (
+    "CREATE TABLE owners (campaign text PRIMARY KEY, owner text NOT NULL)",
+    "INSERT INTO owners SELECT 'c' || g, 'o' || g %% 20 FROM generate_series(1, %(groups)s) g",
+)
 # Where a new window starts, per parallel stream (a hopping window's start moves by the hop).
 STEPS = {
     "per_minute": timedelta(minutes=1),
     "per_5": timedelta(minutes=5),
     "hop": timedelta(minutes=1),
     "sketch": timedelta(hours=1),
+    "by_owner": timedelta(minutes=1),
 }
 # A partial state per state name, of the window number w, the campaign number g and a salt
 # (0 on time, the run when late). Sums are multiples of 0.25, exact in double precision, so
@@ -120,6 +151,20 @@ FILL = (
     "AS windows, generate_series(1, %(groups)s) g, (SELECT %(salt)s AS salt) AS salted "
     "WHERE ws >= %(lo)s AND ws < %(hi)s"
 )
+
+# Raw rows of ev, which the sessions view reads: for every campaign, a click in every 10
+# minutes (at a second of them that varies with the campaign), and a second one 20 s later
+# in a third of them; a late run adds a click 35 s after the first (joining its session).
+CLICK = timedelta(minutes=10)
+RAW_FILL = (
+    "INSERT INTO {archive} (campaign, user_id, price, t, strata_run) "
+    "SELECT 'c' || g, g * 1000 + w, 0.25 * (g %% 7 + 1), "
+    "ws + make_interval(secs => (g * 7 + w) %% 300 + k), {run} "
+    "FROM (SELECT w, %(start)s + w * %(step)s AS ws FROM generate_series(0, %(windows)s - 1) w) "
+    "AS windows, generate_series(1, %(groups)s) g, {clicks} "
+    "WHERE ws >= %(lo)s AND ws < %(hi)s"
+)
+ON_TIME_CLICKS = "unnest(CASE WHEN (w + g) %% 3 = 0 THEN ARRAY[0, 20] ELSE ARRAY[0] END) k"
 
 
 @dataclass(frozen=True)
@@ -176,6 +221,30 @@ QUERIES = [
         "sketch",
         "p95 and users by campaign",
         "SELECT campaign, max(p95), sum(users) FROM {rel} GROUP BY campaign ORDER BY campaign",
+    ),
+    Query(
+        "leaders",
+        "top 10 a minute, one hour",
+        "SELECT t, campaign, n FROM {rel} WHERE t > '{hour}' AND t <= '{hour_end}' "
+        "ORDER BY t, n DESC, campaign",
+    ),
+    Query(
+        "running",
+        "one campaign's running total, one hour",
+        "SELECT t, total FROM {rel} WHERE campaign = 'c7' AND t > '{hour}' "
+        "AND t <= '{hour_end}' ORDER BY t",
+    ),
+    Query(
+        "visits",
+        "one campaign's sessions, one hour",
+        "SELECT window_start, window_end, n FROM {rel} WHERE campaign = 'c7' "
+        "AND window_start >= '{hour}' AND window_start < '{hour_end}' ORDER BY window_start",
+    ),
+    Query(
+        "by_owner",
+        "spend by owner, 6 hours",
+        "SELECT owner, sum(spent), sum(n) FROM {rel} WHERE t >= '{lo}' AND t < '{hi}' "
+        "GROUP BY owner ORDER BY owner",
     ),
 ]
 BASELINE = "the same query over a plain table of the view's rows"
@@ -248,6 +317,23 @@ def fill(
     conn.execute(statement, params | {"salt": salt, "lo": lo, "hi": hi})  # type: ignore[arg-type]
 
 
+def fill_raw(
+    conn: psycopg.Connection, span: Span, groups: int, *, late: tuple[int, int] | None = None
+) -> None:
+    """Raw rows of ev for the whole span (on time: each from the run of its slice), or a late
+    run's click in every 10 minutes of one slice, for every campaign (RAW_FILL)."""
+    windows = int(timedelta(hours=span.hours) / CLICK)
+    if late is None:
+        run, clicks, (lo, hi) = f"w * {RUNS} / {windows} + 1", ON_TIME_CLICKS, (DAY, span.end)
+    else:
+        run, clicks, (lo, hi) = str(late[1]), "(SELECT 35 AS k) AS late", span.slice(late[0])
+    statement = RAW_FILL.format(
+        archive=f'"{INTERNAL_SCHEMA}"."{raw_archive_table("ev")}"', run=run, clicks=clicks
+    )
+    params = {"start": DAY, "step": CLICK, "windows": windows, "groups": groups}
+    conn.execute(statement, params | {"lo": lo, "hi": hi})  # type: ignore[arg-type]
+
+
 def vacuum(conn: psycopg.Connection) -> None:
     """VACUUM ANALYZE of every internal table, as autovacuum would after a worker's pass."""
     tables = conn.execute(
@@ -301,6 +387,7 @@ def add_late_runs(
     for offset, index in enumerate(slices):
         for plan in parallel_plans(plans):
             fill(conn, plan, span, groups, late=(index, RUNS + 1 + offset))
+        fill_raw(conn, span, groups, late=(index, RUNS + 1 + offset))
     conn.execute(
         "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, noted_at) "
         "SELECT 'top_per_5', date_bin('5 minutes', window_start + interval '1 minute', %s), "
@@ -381,7 +468,8 @@ def plain_tables(conn: psycopg.Connection) -> None:
             "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
             (plain,),
         ).fetchall()
-        key = "t, campaign" if ("campaign",) in columns else "t"
+        when = "t" if ("t",) in columns else "window_start"
+        key = f"{when}, campaign" if ("campaign",) in columns else when
         conn.execute(f"CREATE INDEX {plain}_t ON {plain} ({key})")  # type: ignore[arg-type]
         conn.execute(f"ANALYZE {plain}")  # type: ignore[arg-type]
 
@@ -420,9 +508,12 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
         scratch_database("strata-bench-dashboard-") as database,
         psycopg.connect(database.url, autocommit=True) as conn,
     ):
-        plans = register(conn, STREAMS)
+        for statement in OWNERS_DDL:
+            conn.execute(statement, {"groups": args.groups})  # type: ignore[arg-type]
+        plans = register(conn, STREAMS, {OWNERS.name: OWNERS})
         for plan in parallel_plans(plans):
             fill(conn, plan, span, args.groups)
+        fill_raw(conn, span, args.groups)
         conn.execute(
             "INSERT INTO strata_catalog.stream_progress (stream, watermark, rows, runs, "
             "late_rows, late_runs) VALUES ('ev', %s, 0, %s, 0, 0)",
