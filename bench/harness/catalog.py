@@ -20,8 +20,9 @@ def register(
 ) -> dict[str, StreamPlan]:
     """Plans each ``CREATE STREAM`` of ``streams`` (name -> SQL, in creation order), records
     it in the catalog and creates its PostgreSQL objects; returns the plans by name.
-    ``tables``: the PostgreSQL tables the streams may join (recorded with every stream, as
-    the catalog keeps the tables a stream joins)."""
+    ``tables``: the PostgreSQL tables the streams may join, recorded with every stream (the
+    server records only those a stream joins; the others change nothing when the plans are
+    made again from the catalog)."""
     plans: dict[str, StreamPlan] = {}
     stored = Jsonb([t.to_json() for t in tables.values()]) if tables else None
     for seq, (name, statement) in enumerate(streams.items()):
