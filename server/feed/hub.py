@@ -34,6 +34,9 @@ IDLE_SECONDS = 5.0  # the thread ends this long after the last subscriber left
 # and how many such batches are kept.
 SHARED_SECONDS = 0.5
 SHARED_BATCHES = 64
+# How long a subscriber waits for the read another one is making at its position, before
+# it reads for itself.
+SHARED_WAIT_SECONDS = 10.0
 
 
 class FeedHub:
@@ -47,6 +50,7 @@ class FeedHub:
         self._subscribers: Counter[str] = Counter()
         self._latest: dict[str, int] = {}
         self._batches: dict[tuple[str, int], tuple[float, list[Change]]] = {}
+        self._reading: dict[tuple[str, int], threading.Event] = {}
         self.shared = 0  # batches served from another subscriber's read
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -78,24 +82,48 @@ class FeedHub:
     def changes(self, feed: Feed) -> list[Change]:
         """The changes after ``feed``'s position (advancing it), as ``Feed.poll`` reads them;
         read once for the subscribers at one position: a batch another subscriber read
-        there less than SHARED_SECONDS ago is theirs too (positions never change once given).
-        Empty reads are not shared, so that a subscriber's poll still looks for an ALTER
-        or a joined table's change about once a second."""
+        there less than SHARED_SECONDS ago is theirs too (positions never change once given),
+        and a subscriber that comes while another reads at its position waits for that
+        read instead of making its own (a commit wakes them all at once). Empty reads are
+        not shared, so that a subscriber's poll still looks for an ALTER or a joined
+        table's change about once a second."""
         key = (feed.name, feed.position)
         with self._lock:
-            kept = self._batches.get(key)
-            if kept is not None and time.monotonic() - kept[0] < SHARED_SECONDS:
-                self.shared += 1
-                feed.position = kept[1][-1].position
-                return kept[1]
-        changes = feed.poll()
-        if changes:
+            shared = self._shared(key, feed)
+            if shared is not None:
+                return shared
+            reading = self._reading.get(key)
+            if reading is None:
+                self._reading[key] = threading.Event()
+        if reading is not None:
+            reading.wait(SHARED_WAIT_SECONDS)
             with self._lock:
-                self._batches[key] = (time.monotonic(), changes)
-                if len(self._batches) > SHARED_BATCHES:
-                    oldest = min(self._batches, key=lambda k: self._batches[k][0])
-                    del self._batches[oldest]
-        return changes
+                shared = self._shared(key, feed)
+            if shared is not None:
+                return shared
+            return feed.poll()  # that read found nothing, failed or is slow: our own
+        try:
+            changes = feed.poll()
+            if changes:
+                with self._lock:
+                    self._batches[key] = (time.monotonic(), changes)
+                    if len(self._batches) > SHARED_BATCHES:
+                        oldest = min(self._batches, key=lambda k: self._batches[k][0])
+                        del self._batches[oldest]
+            return changes
+        finally:
+            with self._lock:
+                self._reading.pop(key).set()
+
+    def _shared(self, key: tuple[str, int], feed: Feed) -> list[Change] | None:
+        """The batch read at ``key`` less than SHARED_SECONDS ago, ``feed`` advanced past it
+        (None: none); under the lock."""
+        kept = self._batches.get(key)
+        if kept is None or time.monotonic() - kept[0] >= SHARED_SECONDS:
+            return None
+        self.shared += 1
+        feed.position = kept[1][-1].position
+        return kept[1]
 
     def _watch(self) -> None:
         idle_since: float | None = None
