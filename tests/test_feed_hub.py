@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench.feed import Subscriber
+from server.feed.hub import FeedHub
 from server.feed.read import Feed
 from tests.conftest import Strata
 from tests.test_feed import serving
@@ -101,3 +102,62 @@ def test_idle_subscribers_share_one_watcher_and_all_get_every_change(
         finally:
             for follower in followers:
                 follower.stop.set()
+
+
+def test_subscribers_that_come_during_a_read_wait_for_it(
+    module_strata: Strata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Subscribers at one position that ask while another's read of their changes is under
+    way wait for that read: PostgreSQL reads the changes once, however many ask at once
+    (a commit wakes them all together). The read is slowed, so that all ask during it."""
+    strata = module_strata
+    raw, view = "hub_wait", "hub_wait_1m"
+    strata.create(
+        f"CREATE STREAM {raw} (campaign text, price numeric(12,4), t timestamptz) "
+        "WITH (event_time = 't')"
+    )
+    strata.create(
+        f"CREATE STREAM {view} AS SELECT campaign, count(*) AS c, window_end AS t "
+        f"FROM TUMBLE({raw}, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    with serving(strata.client.app) as base:  # type: ignore[arg-type]
+        first = follow(f"{base}/streams/{view}/changes?since=0")  # the feed starts with it
+        try:
+            assert first.connected.wait(60), first.error
+            strata.ingest(raw, _run(3, 30), csv=True, run_id="wait-1")
+            deadline = time.monotonic() + 30
+            while not first.positions:
+                assert time.monotonic() < deadline, first.error
+                time.sleep(0.05)
+        finally:
+            first.stop.set()
+    original = Feed.poll
+    feeds = [Feed(strata.service.engine, strata.service.plans, view, 0) for _ in range(20)]
+    reads: list[int] = []  # the changes each of these feeds' reads found
+
+    def slow(self: Feed, limit: int = 1000) -> list:  # type: ignore[type-arg]
+        if not any(self is feed for feed in feeds):
+            return original(self, limit)  # a subscriber of the server's, still leaving
+        time.sleep(0.5)
+        changes = original(self, limit)
+        reads.append(len(changes))
+        return changes
+
+    monkeypatch.setattr(Feed, "poll", slow)
+    hub = FeedHub(strata.service.engine)
+    start = threading.Barrier(len(feeds))
+    got: list[list[int]] = [[] for _ in feeds]
+
+    def ask(index: int) -> None:
+        start.wait()
+        got[index] = [c.position for c in hub.changes(feeds[index])]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(feeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert reads == [len(first.positions)]  # one read, for all of them
+    assert got == [first.positions] * len(feeds)
+    assert [f.position for f in feeds] == [first.positions[-1]] * len(feeds)
+    assert hub.shared == len(feeds) - 1
