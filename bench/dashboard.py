@@ -285,6 +285,16 @@ def parallel_plans(plans: dict[str, StreamPlan]) -> list[ParallelAggregatePlan]:
     return [p for p in plans.values() if isinstance(p, ParallelAggregatePlan)]
 
 
+def _runs(
+    span: Span, windows: int, late: tuple[int, int] | None
+) -> tuple[str, tuple[datetime, datetime]]:
+    """The run of each filled row (SQL over the window number w: on time, the run whose
+    slice holds the window; late, the late run) and the range of window starts filled."""
+    if late is None:
+        return f"w * {RUNS} / {windows} + 1", (DAY, span.end)
+    return str(late[1]), span.slice(late[0])
+
+
 def fill(
     conn: psycopg.Connection,
     plan: ParallelAggregatePlan,
@@ -303,10 +313,8 @@ def fill(
     windows = int(timedelta(hours=span.hours) / step)
     key = next(c for c, _ in plan.partial_columns if c.startswith("key_"))
     columns = ["strata_run", "window_start", key, *states]
-    if late is None:
-        run, salt, (lo, hi) = f"w * {RUNS} / {windows} + 1", 0, (DAY, span.end)
-    else:
-        run, salt, (lo, hi) = str(late[1]), late[1], span.slice(late[0])
+    run, (lo, hi) = _runs(span, windows, late)
+    salt = 0 if late is None else late[1]
     statement = FILL.format(
         archive=f'"{INTERNAL_SCHEMA}"."{partial_archive_table(plan.name)}"',
         columns=", ".join(f'"{c}"' for c in columns),
@@ -323,10 +331,8 @@ def fill_raw(
     """Raw rows of ev for the whole span (on time: each from the run of its slice), or a late
     run's click in every 10 minutes of one slice, for every campaign (RAW_FILL)."""
     windows = int(timedelta(hours=span.hours) / CLICK)
-    if late is None:
-        run, clicks, (lo, hi) = f"w * {RUNS} / {windows} + 1", ON_TIME_CLICKS, (DAY, span.end)
-    else:
-        run, clicks, (lo, hi) = str(late[1]), "(SELECT 35 AS k) AS late", span.slice(late[0])
+    run, (lo, hi) = _runs(span, windows, late)
+    clicks = ON_TIME_CLICKS if late is None else "(SELECT 35 AS k) AS late"
     statement = RAW_FILL.format(
         archive=f'"{INTERNAL_SCHEMA}"."{raw_archive_table("ev")}"', run=run, clicks=clicks
     )
