@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -23,6 +26,7 @@ PER_MINUTE = (
     "CREATE STREAM agg AS SELECT k, count(*) AS c, sum(v) AS s, window_end AS w "
     "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY k, window_end"
 )
+README = Path(__file__).resolve().parents[1] / "README.md"
 COLUMNS = ["position", "op", "key", "old", "new", "late", "lateness_seconds", "revision", "cause"]
 
 
@@ -147,6 +151,44 @@ def test_psql_prints_rows_as_they_come(streams: Strata) -> None:
         if process.poll() is None:
             process.kill()
         shown.close()
+
+
+def test_the_readmes_python_client_prints_changes_as_they_come(strata: Strata) -> None:
+    """The README's Change feed example, run as written against its own stream: it prints
+    the snapshot, then each run's changes while its FETCH loop goes on."""
+    section = README.read_text().split("## Change feed", 1)[1].split("\n## ", 1)[0]
+    (client,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    strata.create(
+        "CREATE STREAM impsns (campaign text, user_id bigint, price numeric(12,4), "
+        "t timestamptz) WITH (event_time = 't')"
+    )
+    strata.create(
+        "CREATE STREAM impsn_count AS SELECT campaign, count(*) AS c, sum(price) AS revenue, "
+        "window_end AS t FROM TUMBLE(impsns, t, INTERVAL '1 minute') "
+        "GROUP BY campaign, window_end"
+    )
+    row = '{{"campaign": "shoes", "user_id": {u}, "price": 0.25, "t": "2026-11-21T10:00:05Z"}}\n'
+    strata.ingest("impsns", row.format(u=1), run_id="first")
+    process = subprocess.Popen(
+        [sys.executable, "-u", "-c", client],
+        env={**os.environ, "PSQL_URL": strata.psql_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        snapshot = process.stdout.readline()
+        assert snapshot.startswith("(0, 'insert', {'t': ") and "'snapshot')" in snapshot, (
+            snapshot + (process.stderr.read() if process.poll() is not None else "")
+        )
+        strata.ingest("impsns", row.format(u=2), run_id="second")
+        update = process.stdout.readline()  # printed while the loop still runs
+        assert update.startswith("(1, 'update', ") and "'c': 2" in update, update
+        assert "'run')" in update and process.poll() is None
+    finally:
+        process.kill()
+        process.wait(timeout=30)
 
 
 def _wait(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
