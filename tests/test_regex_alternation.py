@@ -129,6 +129,13 @@ _Q21 = (
     f"WHEN lower(channel) = 'baidu' THEN '3' ELSE {_CHANNEL_ID} END AS channel_id "
     "FROM {bid} WHERE " + _CHANNEL_ID + " IS NOT NULL OR lower(channel) IN ('apple', 'baidu')"
 )
+# The value of the first channel_id parameter (at the start of the URL or after an &), up to
+# the next &: what the leftmost match of '(&|^)channel_id=([^&]*)' captures, by positions.
+_CHANNEL_ID_BY_POSITION = (
+    "CASE WHEN starts_with(url, 'channel_id=') THEN split_part(substr(url, 12), '&', 1) "
+    "WHEN strpos(url, '&channel_id=') > 0 "
+    "THEN split_part(substr(url, strpos(url, '&channel_id=') + 12), '&', 1) END"
+)
 _PARAMETERS = ["channel_id=", "&channel_id=", "channel_id=&", "a=1", "&", "x_channel_id="]
 _VALUES = ["", "7", "42", "&b=2", "=x"]
 
@@ -285,11 +292,21 @@ def _q21_streams(strata: Strata, n: int) -> tuple[str, dict[str, str]]:
         f"CREATE STREAM by_channel_{n} AS "
         + counts.format(f"TUMBLE({bid}, date_time, INTERVAL '1 hour')")
     )
+    # The oracles find the parameter without a regular expression, so that they do not read
+    # PostgreSQL's regexp_match as the q21 view (which PostgreSQL evaluates) does.
     windowed = (
-        f"(SELECT *, date_bin('1 hour', date_time, timestamptz 'epoch') AS window_start "
+        f"(SELECT *, {_CHANNEL_ID_BY_POSITION} AS channel_id, "
+        "to_timestamp(floor(extract(epoch FROM date_time) / 3600) * 3600) AS window_start "
         f"FROM {bid}) w"
     )
     return bid, {
-        f"SELECT * FROM q21_{n}": q21,
-        f"SELECT * FROM by_channel_{n}": counts.format(windowed),
+        f"SELECT * FROM q21_{n}": (
+            "SELECT auction, channel, CASE WHEN lower(channel) = 'apple' THEN '0' "
+            "WHEN lower(channel) = 'baidu' THEN '3' ELSE channel_id END "
+            f"FROM {windowed} WHERE channel_id IS NOT NULL OR lower(channel) IN ('apple', 'baidu')"
+        ),
+        f"SELECT * FROM by_channel_{n}": (
+            f"SELECT channel_id, count(*), window_start FROM {windowed} "
+            "GROUP BY channel_id, window_start"
+        ),
     }
