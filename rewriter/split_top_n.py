@@ -112,7 +112,8 @@ def _rank_over_rows(inner: str, select: exp.Select, ranked: exp.Select) -> TopNS
     if any(_is_star(item) for item in kept):
         raise UnsupportedSQL(
             "a ranking over an aggregate, or over a join of inputs that are not streams, "
-            "names the columns it ranks: SELECT * is not supported there"
+            "names the columns it ranks: SELECT * is not supported there; list them, as in "
+            "SELECT b.auction, b.price, ROW_NUMBER() OVER (...)"
         )
     rows.set("expressions", kept)
     names = output_names(rows, [])

@@ -385,6 +385,11 @@ REFUSED = [
         f"SELECT s.auction FROM prices s JOIN {_WINDOWED} m ON s.price = m.top",
         "'prices AS s' is not a stream",
     ),
+    (  # q9's shape over a join with a subquery: the ranked rows' columns must be named
+        "SELECT * FROM (SELECT b.*, ROW_NUMBER() OVER (PARTITION BY b.auction ORDER BY b.price "
+        f"DESC) AS rn FROM bid b JOIN {_WINDOWED} m ON b.price = m.top) t WHERE rn <= 1",
+        "names the columns it ranks: SELECT * is not supported there; list them, as in SELECT",
+    ),
 ]
 
 
