@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from rewriter.errors import UnsupportedSQL
 from rewriter.functions import Call, Refused, arguments, function_for
+from rewriter.positions import position_of
 from rewriter.types import INTEGER_DIGITS, SqlType, promote, sql_type_from_sqlglot
 
 Schema = Mapping[str, SqlType]
@@ -72,12 +73,28 @@ _CONSTRUCTS: dict[type[exp.Expr], str] = {
     exp.Placeholder: "a parameter placeholder",
     exp.Star: "*",
 }
+# The time of reading: no value of the row, so a stream's rows cannot keep it; a read can.
+_AT_READING = (
+    "{} (the time of reading, not a value of the row: filter by it when reading the view, as "
+    "in SELECT ... FROM view WHERE window_end > now() - INTERVAL '1 hour')"
+)
+_READING_TIMES: dict[type[exp.Expr], str] = {
+    exp.CurrentTimestamp: "now()",
+    exp.CurrentDate: "current_date",
+    exp.CurrentTime: "current_time",
+    exp.Localtimestamp: "localtimestamp",
+}
 
 
 def construct_name(node: exp.Expr) -> str:
     """What the user wrote, named in SQL's words (not the parser's class names)."""
     if isinstance(node, exp.Anonymous):
+        if node.name.lower() == "mz_now":  # Materialize's temporal filters
+            return _AT_READING.format("mz_now()")
         return f"{node.name}()"
+    reading = next((n for cls, n in _READING_TIMES.items() if isinstance(node, cls)), None)
+    if reading is not None:
+        return _AT_READING.format(reading)
     named = next((n for cls, n in _CONSTRUCTS.items() if isinstance(node, cls)), None)
     if named is not None:
         return named
@@ -89,7 +106,12 @@ def construct_name(node: exp.Expr) -> str:
 
 
 def unsupported(node: exp.Expr, what: str) -> UnsupportedSQL:
-    return UnsupportedSQL(f"{what} in {_position(node)!r}; supported here: {SUPPORTED_EXPRESSIONS}")
+    """``what`` is not supported at ``node``: where it is (line and column, when the statement
+    recorded them), as written, and what is supported instead."""
+    return UnsupportedSQL(
+        f"{what} in {_position(node)!r}; supported here: {SUPPORTED_EXPRESSIONS}",
+        position=position_of(node),
+    )
 
 
 def infer_type(node: exp.Expr, schema: Schema) -> SqlType:

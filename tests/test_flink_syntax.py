@@ -220,6 +220,15 @@ def test_a_session_per_partition_key_is_a_session_per_group_key() -> None:
             "TUMBLE(bid, datetime, INTERVAL '10' SECOND) GROUP BY auction, window_end",
             "late runs change that order",
         ),
+        (  # Materialize's temporal filter
+            "SELECT auction, price FROM bid WHERE mz_now() <= datetime + INTERVAL '1' HOUR",
+            "mz_now() (the time of reading, not a value of the row: filter by it when reading",
+        ),
+        (
+            "SELECT auction, count(*) AS n FROM bid WHERE datetime > now() - INTERVAL '1' HOUR "
+            "GROUP BY auction",
+            "now() (the time of reading, not a value of the row: filter by it when reading",
+        ),
     ],
 )
 def test_other_engines_clauses_are_refused_by_name(query: str, fragment: str) -> None:
