@@ -65,9 +65,11 @@ def test_cursor_fetch_waits_and_resumes(streams: Strata) -> None:
         changes = fetched["rows"]
         by_op = {(r[1], r[2]["k"]): r for r in changes}
         update = by_op[("update", "a")]
-        assert update[0] == 1 or update[0] == 2
+        assert sorted(r[0] for r in changes) == [1, 2]  # the run's two changes, once each
+        assert by_op[("insert", "a")][2]["w"] != update[2]["w"]  # the window 2 hours on
         assert update[3]["c"] == 1 and update[4]["c"] == 2 and update[4]["s"] == 4
-        assert update[5] is False or update[5] is True
+        # The first minute had not ended at the watermark (30 s): a change, not a late one.
+        assert update[5] is False and update[8] == "run"
         cursor.execute("CLOSE c")
         connection.commit()
         # A PostgreSQL cursor of the same session is still PostgreSQL's.
