@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -650,3 +651,36 @@ def test_sink_statements_read_as_written() -> None:
             "CREATE SINK a FROM b WITH (connector = 'postgres', url = 'postgresql://h/', "
             "table = 'a.b.c')"
         )
+
+
+def test_a_receiver_that_never_answers_holds_no_commit_back(module_strata: Strata) -> None:
+    """A webhook receiver that takes the connection and never answers: while the sink waits
+    on it (its POST in flight), runs still commit and their changes are read by the feed;
+    the sink lags by them and fails once its timeout passes, without having delivered."""
+    strata = module_strata
+    n = next(NAMES)
+    ev, agg = f"ev_h{n}", f"agg_h{n}"
+    strata.create(RAW.format(ev=ev))
+    strata.create(PER_MINUTE.format(agg=agg, ev=ev))
+    strata.ingest(ev, run_body([("a", 0, 0)]), run_id=f"{ev}-0")  # a change to deliver
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+    sql = f"CREATE SINK h_{n} FROM {agg} WITH (connector = 'webhook', url = '{url}')"
+    assert strata.client.post("/streams", json={"sql": sql}).status_code == 201
+    worker = SinkWorker(strata.service.engine, strata.service.plans, timeout=60)
+    posting = threading.Thread(target=worker.run_once)
+    try:
+        posting.start()
+        time.sleep(1.0)
+        assert posting.is_alive(), "the sink's POST ended: the receiver was meant to hang"
+        for i in range(1, 4):
+            strata.ingest(ev, run_body([("a", i, 60 * i)]), run_id=f"{ev}-{i}")
+        assert posting.is_alive(), "the runs committed only after the sink gave up"
+        assert latest(strata.database_url, agg) == 3  # four changes, from position 0
+    finally:
+        silent.close()  # the POST fails now, well before its timeout
+        posting.join(timeout=90)
+    assert not posting.is_alive()
+    shown = sink_state(strata, agg)[f"h_{n}"]
+    assert shown["state"] == "retrying" and shown["failures"] == 1, shown
+    assert shown["position"] is None and shown["latest_position"] == 3, shown  # none delivered
