@@ -74,11 +74,12 @@ _CONSTRUCTS: dict[type[exp.Expr], str] = {
     exp.Star: "*",
 }
 # The time of reading: no value of the row, so a stream's rows cannot keep it; a read can.
+# READING_TIMES: the calls of it, as written (user functions' bodies refuse them too).
 _AT_READING = (
     "{} (the time of reading, not a value of the row: filter by it when reading the view, as "
     "in SELECT ... FROM view WHERE window_end > now() - INTERVAL '1 hour')"
 )
-_READING_TIMES: dict[type[exp.Expr], str] = {
+READING_TIMES: dict[type[exp.Expr], str] = {
     exp.CurrentTimestamp: "now()",
     exp.CurrentDate: "current_date",
     exp.CurrentTime: "current_time",
@@ -92,7 +93,7 @@ def construct_name(node: exp.Expr) -> str:
         if node.name.lower() == "mz_now":  # Materialize's temporal filters
             return _AT_READING.format("mz_now()")
         return f"{node.name}()"
-    reading = next((n for cls, n in _READING_TIMES.items() if isinstance(node, cls)), None)
+    reading = next((n for cls, n in READING_TIMES.items() if isinstance(node, cls)), None)
     if reading is not None:
         return _AT_READING.format(reading)
     named = next((n for cls, n in _CONSTRUCTS.items() if isinstance(node, cls)), None)

@@ -22,6 +22,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from rewriter.errors import UnsupportedSQL
+from rewriter.expressions import READING_TIMES
 from rewriter.flink_syntax import SQL_FUNCTION_FORM
 from rewriter.positions import position_of
 from rewriter.sql_functions import SqlFunction, user_calls
@@ -31,10 +32,7 @@ _POSITION_KEYS = ("start", "end", "line", "col")
 # row once in Spark, and reads it again later, so such a value is no function of the row.
 _VOLATILE_NODES: dict[type[exp.Expr], str] = {
     exp.Rand: "random()",
-    exp.CurrentTimestamp: "now()",
-    exp.CurrentDate: "current_date",
-    exp.CurrentTime: "current_time",
-    exp.Localtimestamp: "localtimestamp",
+    **READING_TIMES,
     exp.Localtime: "localtime",
     exp.Uuid: "gen_random_uuid()",
 }
