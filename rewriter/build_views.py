@@ -367,8 +367,10 @@ def consolidated_statements(
     name: str, split: SplitQuery, window: WindowSpec, *, if_not_exists: bool = False
 ) -> tuple[str, ...]:
     """The consolidated table and its indexes: on the window start (the reducer and the
-    merge on read find windows by it) and on the window end and keys (a dashboard's time
-    filter, and its filter on a key); without a window, on the keys."""
+    merge on read find windows by it), on the window end and keys (a dashboard's time
+    filter, and its filter on a key) and on the keys and window end (a filter on a key
+    alone, or a key's time range: one range of the index, where the index on the window
+    end skips through every window); without a window, on the keys."""
     target = table(naming.consolidated_table(name))
     states = table(naming.consolidated_states_table(name))
     not_null = (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN)
@@ -393,6 +395,9 @@ def consolidated_statements(
     else:
         indexed.append(("window", target, [start.copy()]))
         indexed.append(("end", target, [exp.column(naming.WINDOW_END_COLUMN), *keys]))
+        if keys:
+            key_end = [*(k.copy() for k in keys), exp.column(naming.WINDOW_END_COLUMN)]
+            indexed.append(("key_end", target, key_end))
     indexes = [
         create_index(
             naming.consolidated_index(name, purpose), on, columns, if_not_exists=if_not_exists

@@ -124,8 +124,9 @@ def consolidated_states_table(stream: str) -> str:
 
 
 def consolidated_index(stream: str, purpose: str) -> str:
-    """Index of a consolidated table: on its window and group keys ("window") or on its
-    window end ("end"), where time filters meet it."""
+    """Index of a consolidated table: on its window and group keys ("window"), on its
+    window end ("end"), where time filters meet it, or on its keys and window end
+    ("key_end"), where a filter on a key meets it."""
     return fit(f"{stream}__reduced_{purpose}")
 
 

@@ -275,3 +275,72 @@ def test_null_keys_fold_and_the_fold_moves_whole_windows(strata: Strata) -> None
     reduced = "strata_internal.nk_day__reduced"
     assert strata.query(f"SELECT count(*) FROM {reduced}")[0][0] == groups
     assert sorted(map(repr, strata.query("SELECT * FROM nk_day"))) == before
+
+
+def test_a_filter_on_a_key_reads_one_range_of_the_reduced_windows(strata: Strata) -> None:
+    """A dashboard's filter on a key alone (a campaign's running total), or on a key and a
+    time range, is an index condition on the reduced windows' keys and window end: one
+    range of the index, where the index on the window end and keys had to be searched
+    once per window (361 searches for a campaign's 6 hours). The rows are the batch
+    query's."""
+    strata.create(
+        "CREATE STREAM kc (campaign text, price numeric(12,4), t timestamptz) "
+        "WITH (event_time = 't')"
+    )
+    strata.create(
+        "CREATE STREAM kc_minute AS SELECT campaign, count(*) AS n, sum(price) AS s, "
+        "window_end AS t FROM TUMBLE(kc, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    rng = random.Random(11)
+    lines = [
+        json.dumps(
+            {
+                "campaign": f"c{campaign}",
+                "price": str(Decimal(rng.randrange(1, 10000)) / 100),
+                "t": (START + timedelta(minutes=minute, seconds=rng.randrange(60))).isoformat(),
+            }
+        )
+        for minute in range(360)
+        for campaign in range(40)
+    ]
+    strata.ingest("kc", "\n".join(lines) + "\n")
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert strata.query("SELECT count(*) FROM strata_internal.kc_minute__partial") == [(0,)]
+
+    hour = (START + timedelta(hours=3), START + timedelta(hours=4))
+    queries = {
+        "key": ("SELECT t, n, s FROM kc_minute WHERE campaign = 'c7' ORDER BY t", ()),
+        "key and hour": (
+            "SELECT t, n, s FROM kc_minute WHERE campaign = 'c7' AND t > %s AND t <= %s "
+            "ORDER BY t",
+            hour,
+        ),
+    }
+    minute = "date_bin('1 minute', t, '1970-01-01 00:00:00+00')"
+    oracles = {
+        "key": (
+            f"SELECT {minute} + interval '1 minute', count(*), sum(price) FROM kc "
+            f"WHERE campaign = 'c7' GROUP BY {minute} ORDER BY 1",
+            (),
+        ),
+        "key and hour": (
+            f"SELECT {minute} + interval '1 minute' AS e, count(*), sum(price) FROM kc "
+            f"WHERE campaign = 'c7' GROUP BY {minute} "
+            f"HAVING {minute} + interval '1 minute' > %s "
+            f"AND {minute} + interval '1 minute' <= %s ORDER BY 1",
+            hour,
+        ),
+    }
+    with psycopg.connect(strata.database_url, autocommit=True) as connection:
+        connection.execute("ANALYZE strata_internal.kc_minute__reduced")
+        for name, (query, params) in queries.items():
+            rows = connection.execute(query, params).fetchall()
+            oracle, oracle_params = oracles[name]
+            assert rows and rows == connection.execute(oracle, oracle_params).fetchall(), name
+            explained = "\n".join(
+                row[0] for row in connection.execute("EXPLAIN " + query, params).fetchall()
+            )
+            assert "kc_minute__reduced_key_end" in explained, explained
+            condition = explained.split("kc_minute__reduced_key_end")[1].split("Cond:")[1]
+            assert "key_0 = 'c7'" in condition.splitlines()[0], explained
+    assert len(rows) == 60

@@ -436,6 +436,15 @@ def test_todays_server_carries_on_with_a_database_0_1_0_left(
             assert routines(fresh_db) == expected
             assert wrong_views(strata) == []
             assert stale_serial_views(strata) == []
+            # The reduced windows of the streams with keys are indexed on them (0022).
+            indexes = strata.query(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = 'strata_internal' "
+                "AND indexname LIKE '%\\_key\\_end'"
+            )
+            assert sorted(indexes) == [
+                ("clicks_per_5_minutes__reduced_key_end",),
+                ("clicks_per_minute__reduced_key_end",),
+            ]
             # The windows 0.1.0 archived are in strata_window_status, their rows unknown.
             status = strata.query(
                 "SELECT count(*), count(*) FILTER (WHERE rows IS NULL), count(DISTINCT stream) "
@@ -710,3 +719,58 @@ def test_downgrading_below_the_consolidated_tables_keeps_views_exact(strata: Str
     migrate(strata.service.engine)
     for view, rows in views.items():
         assert sorted(strata.query(f"SELECT * FROM {view}")) == rows, view
+
+
+def test_the_key_index_of_reduced_windows_comes_with_the_upgrade(strata: Strata) -> None:
+    """A data dir at 0021 has no index on its reduced windows' keys and window end; 0022
+    builds it over the windows already reduced, and its downgrade drops it (the release
+    before does not name it), the views exact throughout."""
+    strata.create("CREATE STREAM kv (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM kv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(kv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.create(
+        "CREATE STREAM kv_all AS SELECT count(*) AS n, window_end AS t "
+        "FROM TUMBLE(kv, t, INTERVAL '1 minute') GROUP BY window_end"
+    )
+    rng = random.Random(8)
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+    body = "".join(
+        json.dumps(
+            {
+                "campaign": rng.choice(["a", "b", "c"]),
+                "t": (start + timedelta(seconds=rng.uniform(0, 900))).isoformat(),
+            }
+        )
+        + "\n"
+        for _ in range(300)
+    )
+    strata.ingest("kv", body)
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    minute = "date_bin('1 minute', t, timestamptz 'epoch') + interval '1 minute'"
+    oracle = f"SELECT campaign, count(*), {minute} FROM kv GROUP BY 1, 3"
+    expected = sorted(strata.query(oracle))
+    assert len(expected) == 45
+
+    def key_indexes() -> list[tuple[str]]:
+        return strata.query(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'strata_internal' "
+            "AND indexname LIKE 'kv\\_%\\_key\\_end'"
+        )
+
+    assert key_indexes() == [("kv_minute__reduced_key_end",)]  # kv_all has no key
+    config = alembic_config()
+    with strata.service.engine.connect() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0021")
+        connection.commit()
+    assert key_indexes() == []
+    assert sorted(strata.query("SELECT * FROM kv_minute")) == expected
+    migrate(strata.service.engine)
+    assert key_indexes() == [("kv_minute__reduced_key_end",)]
+    assert sorted(strata.query("SELECT * FROM kv_minute")) == expected
+    reindexed = strata.query(
+        "SELECT count(*) FROM strata_internal.kv_minute__reduced WHERE key_0 = 'a'"
+    )
+    assert reindexed == [(sum(1 for row in expected if row[0] == "a"),)]
