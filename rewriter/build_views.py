@@ -396,7 +396,10 @@ def consolidated_statements(
         indexed.append(("window", target, [start.copy()]))
         indexed.append(("end", target, [exp.column(naming.WINDOW_END_COLUMN), *keys]))
         if keys:
-            key_end = [*(k.copy() for k in keys), exp.column(naming.WINDOW_END_COLUMN)]
+            key_end: list[exp.Expr] = [
+                *(k.copy() for k in keys),
+                exp.column(naming.WINDOW_END_COLUMN),
+            ]
             indexed.append(("key_end", target, key_end))
     indexes = [
         create_index(
