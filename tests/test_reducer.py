@@ -311,8 +311,7 @@ def test_a_filter_on_a_key_reads_one_range_of_the_reduced_windows(strata: Strata
     queries = {
         "key": ("SELECT t, n, s FROM kc_minute WHERE campaign = 'c7' ORDER BY t", ()),
         "key and hour": (
-            "SELECT t, n, s FROM kc_minute WHERE campaign = 'c7' AND t > %s AND t <= %s "
-            "ORDER BY t",
+            "SELECT t, n, s FROM kc_minute WHERE campaign = 'c7' AND t > %s AND t <= %s ORDER BY t",
             hour,
         ),
     }
