@@ -25,7 +25,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.ddl import create_index, create_view, drop, table
+from rewriter.ddl import create_index, create_set_function, create_view, drop, function_call, table
 from rewriter.derived_select import check_shown_time, output_name, positional_item
 from rewriter.errors import UnsupportedSQL
 from rewriter.plan import (
@@ -340,10 +340,28 @@ def build_serial(
             exp.not_(exp.Is(this=exp.column("lowest", table="bounds"), expression=exp.Null())),
         ),
     )
+    per_window_columns = [
+        *(exp.column(o.name) for o in outputs),
+        exp.column(naming.SERIAL_WINDOW_COLUMN),
+    ]
+    # Both behind a function, which PostgreSQL plans once per session: planning them in
+    # the view, over the source's view twice, took three times as long as reading a
+    # caught-up archive (0.49 ms of planning to 0.16 ms of execution, the plain table's
+    # read 0.13 ms in all).
+    live_function = naming.serial_live_function(name)
+    create_live = create_set_function(
+        live_function,
+        archive,
+        exp.union(
+            _lateral(bounds, fresh, per_window_columns),
+            _lateral(bounds, repaired, per_window_columns),
+            distinct=False,
+        ),
+    )
     view: exp.Query = exp.union(
         archived,
-        exp.union(
-            _lateral(bounds, fresh, columns), _lateral(bounds, repaired, columns), distinct=False
+        exp.select(*(c.copy() for c in columns)).from_(
+            exp.alias_(function_call(live_function), "live", table=True)
         ),
         distinct=False,
     )
@@ -376,10 +394,6 @@ def build_serial(
             ),
         ),
     )
-    per_window_columns = [
-        *(exp.column(o.name) for o in outputs),
-        exp.column(naming.SERIAL_WINDOW_COLUMN),
-    ]
     serial = SerialStatements(
         windows_query=exp.select(exp.alias_(start.copy(), naming.SERIAL_WINDOW_COLUMN))
         .distinct()
@@ -421,9 +435,10 @@ def build_serial(
         window_slide_us=window.slide_us,
         pane_us=window.pane_us,
         parallelism_reason=f"serial: {reason}",
-        create_statements=(create_archive, archive_index, create_view(name, view)),
+        create_statements=(create_archive, archive_index, create_live, create_view(name, view)),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
+            drop("FUNCTION", table(live_function)),
             drop("TABLE", archive.copy()),
         ),
         view_query=view.sql("postgres"),

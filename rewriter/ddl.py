@@ -1,11 +1,14 @@
-"""Builders of the PostgreSQL DDL the build passes emit: tables, columns, views, indexes.
+"""Builders of the PostgreSQL DDL the build passes emit: tables, columns, views, indexes,
+functions.
 
 Every statement is built as a sqlglot expression and rendered for PostgreSQL, so quoting
-stays right; the names come from rewriter.naming.
+stays right (a function, whose definition sqlglot does not write, with psycopg's ``sql``);
+the names come from rewriter.naming.
 """
 
 from __future__ import annotations
 
+from psycopg import sql
 from sqlglot import exp
 
 from rewriter import naming
@@ -68,3 +71,43 @@ def create_index(
 
 def drop(kind: str, target: exp.Table) -> str:
     return exp.Drop(tables=[target], kind=kind, exists=True).sql("postgres")
+
+
+# How every function statement create_set_function writes begins: sqlglot does not read
+# them, so the code that reads a plan's statements (rewriter.rename) tells them by it.
+CREATE_FUNCTION = "CREATE OR REPLACE FUNCTION "
+
+
+def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
+    """``CREATE OR REPLACE FUNCTION`` INTERNAL_SCHEMA.``name``() returning the rows of
+    ``query``, of the table ``rows_of``'s row type. STABLE, so that it reads the snapshot of
+    the statement calling it; a SQL body with a SET clause, which PostgreSQL does not inline
+    but plans once per session and keeps; run with its owner's privileges (a reader of a
+    view calling it reads no internal table itself), with a search path no caller can add
+    to before public."""
+    body = query.sql("postgres")
+    tag = "strata"
+    while f"${tag}$" in body:
+        tag += "_"
+    return (
+        sql.SQL(
+            CREATE_FUNCTION + "{name}() RETURNS SETOF {rows} LANGUAGE sql STABLE "
+            "PARALLEL RESTRICTED SECURITY DEFINER SET search_path = pg_catalog, public, "
+            "pg_temp AS {body}"
+        )
+        .format(
+            name=sql.Identifier(naming.INTERNAL_SCHEMA, name),
+            rows=sql.Identifier(str(rows_of.db), rows_of.name),
+            body=sql.SQL("${tag}$ {body} ${tag}$").format(tag=sql.SQL(tag), body=sql.SQL(body)),
+        )
+        .as_string()
+    )
+
+
+def function_call(name: str) -> exp.Table:
+    """INTERNAL_SCHEMA.``name``() in a FROM clause (``name`` needs no quotes:
+    rewriter.naming.serial_live_function)."""
+    return exp.Table(
+        this=exp.Anonymous(this=name, expressions=[]),
+        db=exp.to_identifier(naming.INTERNAL_SCHEMA, quoted=True),
+    )

@@ -163,6 +163,17 @@ def serial_window_index(stream: str) -> str:
     return fit(f"{stream}__serial_window")
 
 
+def serial_live_function(stream: str) -> str:
+    """Function (in INTERNAL_SCHEMA) computing a serial stream's windows on read: those not
+    materialized yet and those awaiting repair. Lower case letters, digits and underscores
+    only, so that it needs no quotes (sqlglot writes a function's name in upper case, which
+    PostgreSQL folds back), and the first 8 hex digits of the stream's SHA-256 keep names
+    that differ in case or punctuation apart."""
+    slug = re.sub(r"[^a-z0-9_]", "_", stream.lower())
+    digest = hashlib.sha256(stream.encode()).hexdigest()[:8]
+    return fit(f"strata_live_{slug}_{digest}")
+
+
 # Column of a serial archive holding the start of the window a row belongs to.
 SERIAL_WINDOW_COLUMN = "strata_window"
 # Transaction-local settings passing the windows to the serial statements (their SQL embeds

@@ -17,6 +17,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from rewriter.ddl import CREATE_FUNCTION
 from rewriter.errors import InvalidSQL
 from rewriter.parse_stream import DerivedStreamStatement, _tokenize, parse_stream
 from rewriter.plan import StreamPlan
@@ -98,9 +99,14 @@ class Relation:
 
 
 def replaced_views(plan: StreamPlan) -> list[str]:
-    """``plan``'s CREATE VIEW statements as CREATE OR REPLACE VIEW."""
+    """``plan``'s CREATE VIEW statements as CREATE OR REPLACE VIEW, each after the CREATE OR
+    REPLACE FUNCTION statements before it (the functions a view calls: a serial stream's
+    windows computed on read), in the plan's order."""
     statements = []
     for statement in plan.create_statements:
+        if statement.startswith(CREATE_FUNCTION):
+            statements.append(statement)
+            continue
         create = sqlglot.parse_one(statement, read="postgres")
         if isinstance(create, exp.Create) and create.kind == "VIEW":
             create.set("replace", True)
@@ -108,11 +114,25 @@ def replaced_views(plan: StreamPlan) -> list[str]:
     return statements
 
 
+def dropped_functions(plan: StreamPlan) -> list[str]:
+    """``plan``'s DROP FUNCTION statements: what the swap of an ALTER drops of the plan it
+    built, whose relations it renames but whose functions (named after the stream as it
+    was built) it makes anew under the final name."""
+    statements = []
+    for statement in plan.drop_statements:
+        dropped = sqlglot.parse_one(statement, read="postgres")
+        if isinstance(dropped, exp.Drop) and str(dropped.args.get("kind")).upper() == "FUNCTION":
+            statements.append(statement)
+    return statements
+
+
 def created_relations(plan: StreamPlan) -> list[Relation]:
     """The relations ``plan``'s create statements make, in order (an index in its table's
-    schema)."""
+    schema); not its functions."""
     made: list[Relation] = []
     for statement in plan.create_statements:
+        if statement.startswith(CREATE_FUNCTION):
+            continue
         create = sqlglot.parse_one(statement, read="postgres")
         if not isinstance(create, exp.Create):
             continue

@@ -47,6 +47,7 @@ from rewriter.plan import (
 from rewriter.rename import (
     alter_as_create,
     created_relations,
+    dropped_functions,
     rename_streams,
     replaced_views,
     stream_name,
@@ -542,8 +543,12 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
         current[final] = plan
     for final in [m.name for m in alteration.members]:
         # The views anew: a view's text may name its stream (a serial stream's reads its
-        # progress by name), which renaming the view does not change.
+        # progress by name), which renaming the view does not change; and the functions
+        # they call, named after the stream, made under the final name.
         for statement in replaced_views(current[final]):
+            catalog.execute_plan_sql(connection, statement)
+    for built_as in [n for n in records if n in built]:
+        for statement in dropped_functions(records[built_as].plan):
             catalog.execute_plan_sql(connection, statement)
     for built_as in reversed([n for n in records if n in built]):
         connection.execute(sa.delete(catalog.streams).where(catalog.streams.c.name == built_as))

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rewriter import naming
 from server.workers.backfill import Backfiller, wait_for
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
@@ -496,6 +497,15 @@ def test_alter_joins_sessions_top_n_and_serial_streams(strata: Strata) -> None:
         f"DESC, k) AS r FROM ({filtered}) m) q WHERE r <= 1",
     )
     same("x", f"SELECT {_bucket('w', 600)}, min(c) FROM ({filtered}) m GROUP BY 1")
+    # The serial stream's function is made under its own name at the swap, and the one
+    # it was built with goes; dropping the stream drops it.
+    live = (
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = 'strata_internal' AND p.proname LIKE 'strata\\_live\\_%'"
+    )
+    assert strata.query(live) == [(naming.serial_live_function("x"),)]
+    assert strata.client.delete("/streams/x").status_code == 200
+    assert strata.query(live) == []
 
 
 def test_alter_over_the_sql_port(strata: Strata) -> None:

@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from psycopg import sql
 from pydantic import ValidationError
 
+from rewriter import naming
 from server import security
 from server.api.app import create_app
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
@@ -363,6 +364,8 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
             "UPDATE impsns SET campaign = 'x'",
             "DELETE FROM impsns",
             "TRUNCATE strata_internal.impsns__raw",
+            # The serial view's function, which runs as its owner, called by name.
+            f"SELECT * FROM strata_internal.{naming.serial_live_function('impsn_top')}()",
             "CREATE TABLE public.mine (x int)",
             "CREATE VIEW public.mine AS SELECT 1",
             "CREATE FUNCTION public.mine() RETURNS int LANGUAGE sql AS 'SELECT 1'",

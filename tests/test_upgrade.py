@@ -30,6 +30,7 @@ from alembic.script import ScriptDirectory
 from psycopg import sql
 from pyspark.sql import SparkSession
 
+from rewriter import naming
 from rewriter.plan import SerialAggregatePlan
 from server import catalog
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
@@ -774,3 +775,70 @@ def test_the_key_index_of_reduced_windows_comes_with_the_upgrade(strata: Strata)
         "SELECT count(*) FROM strata_internal.kv_minute__reduced WHERE key_0 = 'a'"
     )
     assert reindexed == [(sum(1 for row in expected if row[0] == "a"),)]
+
+
+def test_serial_views_call_their_function_after_the_upgrade(strata: Strata) -> None:
+    """0023 gives each serial stream the function its view computes windows on read with,
+    and replaces the view; its downgrade puts the function's query back in the view (what
+    the previous release read) and drops the function. Exact throughout, with windows
+    archived, awaiting repair and not yet archived."""
+    strata.create("CREATE STREAM sv (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM sv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(sv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.create(
+        "CREATE STREAM sv_top AS SELECT max(n) AS top, window_end AS t "
+        "FROM TUMBLE(sv_minute, t, INTERVAL '5 minutes') GROUP BY window_end"
+    )
+    rng = random.Random(9)
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+
+    def run(minutes: float) -> str:
+        return "".join(
+            json.dumps(
+                {
+                    "campaign": rng.choice(["a", "b", "c"]),
+                    "t": (start + timedelta(minutes=rng.uniform(0, minutes))).isoformat(),
+                }
+            )
+            + "\n"
+            for _ in range(200)
+        )
+
+    strata.ingest("sv", run(30))
+    Materializer(strata.service.engine, strata.service.plans).run_once()
+    strata.ingest("sv", run(40))  # late rows into archived windows, and new windows
+    five = "date_bin('5 minutes', t, timestamptz 'epoch')"
+    oracle = (
+        f"SELECT max(n), w + interval '5 minutes' FROM (SELECT count(*) AS n, {five} AS w "
+        f"FROM sv GROUP BY campaign, date_bin('1 minute', t, timestamptz 'epoch'), w) m "
+        "GROUP BY w"
+    )
+    expected = sorted(strata.query(oracle))
+    assert len(expected) == 8
+    assert strata.query("SELECT count(*) FROM strata_internal.sv_top__serial")[0][0] > 0
+    assert strata.query("SELECT count(*) FROM strata_catalog.corrections")[0][0] > 0
+    function = naming.serial_live_function("sv_top")
+
+    def calls() -> bool:
+        return function in strata.query("SELECT pg_get_viewdef('sv_top')")[0][0]
+
+    def exists() -> bool:
+        return bool(strata.query("SELECT count(*) FROM pg_proc WHERE proname = %s", function)[0][0])
+
+    assert calls() and exists()
+    assert sorted(strata.query("SELECT * FROM sv_top")) == expected
+    config = alembic_config()
+    with strata.service.engine.connect() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0022")
+        connection.commit()
+    assert not calls() and not exists()
+    assert sorted(strata.query("SELECT * FROM sv_top")) == expected
+    migrate(strata.service.engine)
+    assert calls() and exists()
+    assert sorted(strata.query("SELECT * FROM sv_top")) == expected
+    Repairer(strata.service.engine, strata.service.plans).run_once()
+    Materializer(strata.service.engine, strata.service.plans).run_once()
+    assert sorted(strata.query("SELECT * FROM sv_top")) == expected

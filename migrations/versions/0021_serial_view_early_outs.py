@@ -14,9 +14,7 @@ Revises: 0020
 
 from __future__ import annotations
 
-import sqlglot
 from alembic import op
-from sqlglot import exp
 
 revision = "0021"
 down_revision = "0020"
@@ -26,6 +24,7 @@ depends_on = None
 
 def upgrade() -> None:
     from rewriter.plan import SerialAggregatePlan
+    from rewriter.rename import replaced_views
     from server.catalog import PlanCache
 
     connection = op.get_bind()
@@ -35,11 +34,9 @@ def upgrade() -> None:
     for record in PlanCache().load(connection).values():
         if not isinstance(record.plan, SerialAggregatePlan):
             continue
-        for statement in record.plan.create_statements:
-            create = sqlglot.parse_one(statement, read="postgres")
-            if isinstance(create, exp.Create) and create.kind == "VIEW":
-                create.set("replace", True)
-                driver.execute(create.sql("postgres"))
+        # Today's view, and the function it calls since 0023.
+        for statement in replaced_views(record.plan):
+            driver.execute(statement)
 
 
 def downgrade() -> None:
