@@ -83,8 +83,8 @@ def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
     ``query``, of the table ``rows_of``'s row type. STABLE, so that it reads the snapshot of
     the statement calling it; a SQL body with a SET clause, which PostgreSQL does not inline
     but plans once per session and keeps; run with its owner's privileges (a reader of a
-    view calling it reads no internal table itself), with a search path no caller can add
-    to before public."""
+    view calling it reads no internal table itself), with pg_catalog first on its search
+    path, so that nothing created in public stands in for a built-in it calls."""
     body = query.sql("postgres")
     tag = "strata"
     while f"${tag}$" in body:

@@ -14,8 +14,6 @@ Revises: 0020
 
 from __future__ import annotations
 
-from alembic import op
-
 revision = "0021"
 down_revision = "0020"
 branch_labels = None
@@ -23,20 +21,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    from migrations.plans import replace_views
     from rewriter.plan import SerialAggregatePlan
-    from rewriter.rename import replaced_views
-    from server.catalog import PlanCache
 
-    connection = op.get_bind()
-    # Straight to psycopg, without parameters: a plan's SQL may hold a '%'.
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    for record in PlanCache().load(connection).values():
-        if not isinstance(record.plan, SerialAggregatePlan):
-            continue
-        # Today's view, and the function it calls since 0023.
-        for statement in replaced_views(record.plan):
-            driver.execute(statement)
+    replace_views(SerialAggregatePlan)  # and the functions they call since 0023
 
 
 def downgrade() -> None:

@@ -14,7 +14,6 @@ Revises: 0021
 from __future__ import annotations
 
 import sqlglot
-from alembic import op
 from sqlglot import exp
 
 revision = "0022"
@@ -24,17 +23,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    from migrations.plans import stored_plans
     from rewriter.plan import ParallelAggregatePlan
-    from server.catalog import PlanCache
 
-    connection = op.get_bind()
-    # Straight to psycopg, without parameters: a plan's SQL may hold a '%'.
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    for record in PlanCache().load(connection, versioned=False).values():
-        if not isinstance(record.plan, ParallelAggregatePlan):
-            continue
-        for statement in record.plan.create_statements:
+    driver, plans = stored_plans(ParallelAggregatePlan)
+    for plan in plans.values():
+        for statement in plan.create_statements:
             create = sqlglot.parse_one(statement, read="postgres")
             if isinstance(create, exp.Create) and create.kind == "INDEX":
                 create.set("exists", True)
@@ -47,16 +41,11 @@ def downgrade() -> None:
     builds them anew."""
     from psycopg import sql
 
+    from migrations.plans import stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
-    from server.catalog import PlanCache
 
-    connection = op.get_bind()
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    for name, record in PlanCache().load(connection, versioned=False).items():
-        if isinstance(record.plan, ParallelAggregatePlan):
-            index = sql.Identifier(
-                naming.INTERNAL_SCHEMA, naming.consolidated_index(name, "key_end")
-            )
-            driver.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(index))
+    driver, plans = stored_plans(ParallelAggregatePlan)
+    for name in plans:
+        index = sql.Identifier(naming.INTERNAL_SCHEMA, naming.consolidated_index(name, "key_end"))
+        driver.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(index))

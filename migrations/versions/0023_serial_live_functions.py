@@ -14,7 +14,6 @@ Revises: 0022
 from __future__ import annotations
 
 import sqlglot
-from alembic import op
 from sqlglot import exp
 
 revision = "0023"
@@ -24,18 +23,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    from migrations.plans import replace_views
     from rewriter.plan import SerialAggregatePlan
-    from rewriter.rename import replaced_views
-    from server.catalog import PlanCache
 
-    connection = op.get_bind()
-    # Straight to psycopg, without parameters: a plan's SQL may hold a '%'.
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    for record in PlanCache().load(connection).values():
-        if isinstance(record.plan, SerialAggregatePlan):
-            for statement in replaced_views(record.plan):
-                driver.execute(statement)
+    replace_views(SerialAggregatePlan)
 
 
 def downgrade() -> None:
@@ -44,16 +35,12 @@ def downgrade() -> None:
     view), and the function dropped."""
     from psycopg import sql
 
+    from migrations.plans import stored_plans
     from rewriter import naming
     from rewriter.plan import SerialAggregatePlan
-    from server.catalog import PlanCache
 
-    connection = op.get_bind()
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    for name, record in PlanCache().load(connection).items():
-        if not isinstance(record.plan, SerialAggregatePlan):
-            continue
+    driver, plans = stored_plans(SerialAggregatePlan)
+    for name, plan in plans.items():
         function = naming.serial_live_function(name)
         found = driver.execute(
             "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
@@ -62,7 +49,7 @@ def downgrade() -> None:
         ).fetchone()
         if found is None:
             continue
-        view = sqlglot.parse_one(record.plan.view_query, read="postgres")
+        view = sqlglot.parse_one(plan.view_query, read="postgres")
         body = sqlglot.parse_one(found[0], read="postgres")
         assert isinstance(body, exp.Query)
         for call in list(view.find_all(exp.Table)):
