@@ -525,7 +525,8 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
             )
         ).all()
     )
-    for built_as in [n for n in records if n in built]:
+    built_order = [n for n in records if n in built]  # creation order
+    for built_as in built_order:
         final = inverse[built_as]
         text = rename_streams(records[built_as].sql, inverse)
         tables = catalog.stored_tables(stored.get(built_as))
@@ -544,13 +545,14 @@ def swap(connection: sa.Connection, plans: PlanCache, name: str) -> None:
     for final in [m.name for m in alteration.members]:
         # The views anew: a view's text may name its stream (a serial stream's reads its
         # progress by name), which renaming the view does not change; and the functions
-        # they call, named after the stream, made under the final name.
+        # they call, named after the stream, made under the final name (the ones named
+        # after the built stream go below).
         for statement in replaced_views(current[final]):
             catalog.execute_plan_sql(connection, statement)
-    for built_as in [n for n in records if n in built]:
+    for built_as in reversed(built_order):
+        # Its functions, named after it, which no view calls any more.
         for statement in dropped_functions(records[built_as].plan):
             catalog.execute_plan_sql(connection, statement)
-    for built_as in reversed([n for n in records if n in built]):
         connection.execute(sa.delete(catalog.streams).where(catalog.streams.c.name == built_as))
     catalog.record_windows(connection, current)
     connection.execute(

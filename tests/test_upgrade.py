@@ -143,6 +143,16 @@ def migrate_only(url: str, revision: str) -> None:
         engine.dispose()
 
 
+def downgrade_to(engine: sa.Engine, revision: str) -> None:
+    """Run the migrations' downgrades down to ``revision``, on a running server's
+    database."""
+    config = alembic_config()
+    with engine.connect() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+        connection.commit()
+
+
 def restore(url: str, dump: Path) -> None:
     result = subprocess.run(
         [str(POSTGRES_BIN_PATH / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
@@ -705,11 +715,7 @@ def test_downgrading_below_the_consolidated_tables_keeps_views_exact(strata: Str
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
     strata.ingest("ev", run())  # unreduced, beside the consolidated rows
     views = {v: sorted(strata.query(f"SELECT * FROM {v}")) for v in ("per_minute", "sliding")}
-    config = alembic_config()
-    with strata.service.engine.connect() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0012")
-        connection.commit()
+    downgrade_to(strata.service.engine, "0012")
     assert strata.query("SELECT version_num FROM strata_catalog.alembic_version") == [("0012",)]
     assert (
         "__reduced"
@@ -761,11 +767,7 @@ def test_the_key_index_of_reduced_windows_comes_with_the_upgrade(strata: Strata)
         )
 
     assert key_indexes() == [("kv_minute__reduced_key_end",)]  # kv_all has no key
-    config = alembic_config()
-    with strata.service.engine.connect() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0021")
-        connection.commit()
+    downgrade_to(strata.service.engine, "0021")
     assert key_indexes() == []
     assert sorted(strata.query("SELECT * FROM kv_minute")) == expected
     migrate(strata.service.engine)
@@ -829,11 +831,7 @@ def test_serial_views_call_their_function_after_the_upgrade(strata: Strata) -> N
 
     assert calls() and exists()
     assert sorted(strata.query("SELECT * FROM sv_top")) == expected
-    config = alembic_config()
-    with strata.service.engine.connect() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0022")
-        connection.commit()
+    downgrade_to(strata.service.engine, "0022")
     assert not calls() and not exists()
     assert sorted(strata.query("SELECT * FROM sv_top")) == expected
     migrate(strata.service.engine)
