@@ -10,9 +10,10 @@ view that forms the sessions from the source's view at every read (PostgreSQL wi
 functions: a row starts a session when the one before it in its group is ``gap`` or more
 earlier; a running sum of those starts numbers the sessions). So it is exact at every
 instant, whatever the lateness; reading it scans the source's rows (of the groups and time
-range a reader's filter keeps, where PostgreSQL can push the filter down). Aggregates run
-in PostgreSQL as written (approximate ones as their exact twins). Streams are not built on
-a session stream.
+range a reader's filter keeps, where PostgreSQL can push the filter down: over a raw
+stream, a filter on the keys reads one range of an index of the raw archive on the keys
+and event time, which the stream creates). Aggregates run in PostgreSQL as written
+(approximate ones as their exact twins). Streams are not built on a session stream.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.ddl import create_view, drop, table
+from rewriter.ddl import create_index, create_view, drop, table
 from rewriter.derived_select import check_clauses, check_shown_time, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type
@@ -122,10 +123,32 @@ def build_session(
             "from the source's rows on read"
         ),
         columns=tuple(outputs),
-        create_statements=(create_view(name, view),),
+        create_statements=(*_key_index(source, keys, time_column), create_view(name, view)),
         drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
         view_query=view.sql("postgres"),
     )
+
+
+def _key_index(source: StreamPlan, keys: list[exp.Expr], time_column: str) -> list[str]:
+    """An index of a raw source's archive on the keys and the event time, when every key is
+    a column of it: a reader's filter on a key (a campaign's sessions) reads that key's
+    rows as one range of it, already in the order sessions are formed in, where the
+    archive's rows were all scanned (its only index is on runs). It costs the raw stream's
+    ingest an index entry per row, so only raw streams sessions read by key pay it."""
+    if not isinstance(source, RawStreamPlan):
+        return []
+    columns = [k.name for k in keys if isinstance(k, exp.Column) and not k.table]
+    known = {c.name for c in source.columns}
+    if not keys or len(columns) != len(keys) or not set(columns) <= known:
+        return []
+    return [
+        create_index(
+            naming.session_index(source.name, [*columns, time_column]),
+            table(naming.raw_archive_table(source.name)),
+            [exp.column(c, quoted=True) for c in [*columns, time_column]],
+            if_not_exists=True,
+        )
+    ]
 
 
 def _view(

@@ -102,6 +102,13 @@ def raw_runs_index(stream: str) -> str:
     return fit(f"{stream}__raw_runs")
 
 
+def session_index(raw_stream: str, columns: Iterable[str]) -> str:
+    """Index of a raw archive on a session stream's keys and event time, which its sessions
+    are formed by (kept when the session stream is dropped: another may use it, and it goes
+    with the raw stream)."""
+    return fit(f"{raw_stream}__raw_{'_'.join(columns)}_sessions")
+
+
 def partial_archive_table(stream: str) -> str:
     return fit(f"{stream}__partial")
 

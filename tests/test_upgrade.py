@@ -840,3 +840,52 @@ def test_serial_views_call_their_function_after_the_upgrade(strata: Strata) -> N
     Repairer(strata.service.engine, strata.service.plans).run_once()
     Materializer(strata.service.engine, strata.service.plans).run_once()
     assert sorted(strata.query("SELECT * FROM sv_top")) == expected
+
+
+def test_session_streams_key_index_comes_with_the_upgrade(strata: Strata) -> None:
+    """A data dir at 0023 has no index of a raw archive for the sessions read by key; 0024
+    builds it over the raw rows already archived, and its downgrade drops it (the release
+    before does not name it), the sessions exact throughout (the Python model's)."""
+    strata.create("CREATE STREAM ss (k text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM ss_visits AS SELECT k, count(*) AS n, window_start FROM "
+        "SESSION(ss, t, INTERVAL '30 seconds') GROUP BY k, window_start"
+    )
+    rng = random.Random(10)
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+    rows = sorted((rng.choice("abc"), rng.randrange(1800)) for _ in range(300))
+    strata.ingest(
+        "ss",
+        "".join(
+            json.dumps({"k": k, "t": (start + timedelta(seconds=s)).isoformat()}) + "\n"
+            for k, s in rows
+        ),
+    )
+    expected = []  # (k, rows, first second) per session: rows of k less than 30 s apart
+    for k in "abc":
+        seconds = [s for key, s in rows if key == k]
+        first = previous = seconds[0]
+        count = 0
+        for s in seconds:
+            if s - previous >= 30:
+                expected.append((k, count, start + timedelta(seconds=first)))
+                first, count = s, 0
+            count, previous = count + 1, s
+        expected.append((k, count, start + timedelta(seconds=first)))
+    expected.sort()
+    index = naming.session_index("ss", ["k", "t"])
+
+    def indexed() -> bool:
+        found = strata.query("SELECT count(*) FROM pg_indexes WHERE indexname = %s", index)
+        return bool(found[0][0])
+
+    assert indexed()
+    downgrade_to(strata.service.engine, "0023")
+    assert not indexed()
+    assert sorted(strata.query("SELECT * FROM ss_visits")) == expected
+    migrate(strata.service.engine)
+    assert indexed()
+    assert sorted(strata.query("SELECT * FROM ss_visits")) == expected
+    assert sorted(strata.query("SELECT * FROM ss_visits WHERE k = 'b'")) == [
+        e for e in expected if e[0] == "b"
+    ]
