@@ -5,7 +5,16 @@ from __future__ import annotations
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.ddl import column_def, create_index, create_table, create_view, drop, table
+from rewriter.ddl import (
+    column_def,
+    create_index,
+    create_table,
+    create_view,
+    create_windows_function,
+    drop,
+    function_call,
+    table,
+)
 from rewriter.plan import (
     AggregateState,
     JoinStreamPlan,
@@ -154,31 +163,38 @@ def _over_finals(expression: exp.Expr, split: SplitQuery, window: WindowSpec) ->
     return expression.copy().transform(swap)
 
 
-def _touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Select:
+def _touched(name: str, window: WindowSpec) -> exp.Select:
     """The windows holding unreduced partial rows (late data the reducer has not folded
-    yet): a consolidated row of such a window is merged on read. Filtered with IN and NOT
-    IN, which PostgreSQL evaluates once, as a hash the consolidated rows probe (of the
-    distinct windows, which it expects to fit in memory however many rows wait). A plain
-    query, so that scans of the consolidated table stay parallel (a recursive query
-    skipping through the index would find the windows faster, but is parallel-restricted,
-    which cost caught-up views 1.3-1.8x). The hash is built from every unreduced row on
-    every read; a correlated EXISTS / NOT EXISTS instead (index probes per consolidated
-    row) was measured on the dashboard benchmark, 6 h x 300 campaigns: one campaign's hour
-    with late data waiting went from 3.4 to 2.0 ms, but PostgreSQL planned the anti-join
-    as a merge join without parallel workers, and caught-up reads slowed 1.1-1.4x, HOP's
-    2.5x, late HOP's 72 to 179 ms."""
-    return (
-        exp.select(exp.column(naming.WINDOW_START_COLUMN, table="u"))
-        .distinct()
-        .from_(exp.alias_(_unreduced_rows(name, split, window), "u", table=True))
+    yet): a consolidated row of such a window is merged on read. The stream's function
+    (rewriter.ddl.create_windows_function) finds their starts by skipping through the
+    partial archive's index, one probe per window; for HOP, each is every window holding
+    the pane. Filtered with IN and NOT IN, which PostgreSQL evaluates once, as a hash the
+    consolidated rows probe. ``SELECT DISTINCT`` over the archive instead read every
+    unreduced row on every read: with a fifth of a day of 1,000 campaigns late (288,000
+    partial rows), one campaign's hour took 24 ms, 3.4 ms with the function. A recursive
+    query in the view itself would find them as fast but is parallel-restricted, which
+    cost caught-up views 1.3-1.8x; a correlated EXISTS / NOT EXISTS (index probes per
+    consolidated row) made PostgreSQL plan a merge anti-join without parallel workers."""
+    call = function_call(naming.waiting_windows_function(name))
+    if window.is_hop:
+        return _expanded(call, [], window).distinct()
+    return exp.select(exp.column(naming.WINDOW_START_COLUMN, table="w")).from_(
+        exp.alias_(call, "w", table=True)
     )
 
 
-def _in_touched(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
-    return exp.In(
+def _in_touched(name: str, window: WindowSpec) -> exp.Expr:
+    """Whether a consolidated row's window is touched, after a check PostgreSQL makes once
+    per read (a one-time filter) that any partial row waits: caught up, the function is
+    never called."""
+    waiting = exp.Exists(
+        this=exp.select(exp.Literal.number(1)).from_(table(naming.partial_archive_table(name)))
+    )
+    touched = exp.In(
         this=exp.column(naming.WINDOW_START_COLUMN, table="c"),
-        query=_touched(name, split, window).subquery(),
+        query=_touched(name, window).subquery(),
     )
+    return exp.and_(waiting, touched)
 
 
 def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
@@ -201,7 +217,7 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
             *(exp.alias_(_over_finals(e, split, window), n, quoted=True) for n, e in outputs)
         )
         .from_(exp.alias_(table(naming.consolidated_table(name)), "c", table=True))
-        .where(exp.Not(this=_in_touched(name, split, window)))
+        .where(exp.Not(this=exp.paren(_in_touched(name, window))))
     )
     if split.having is not None:
         reduced = reduced.where(_over_finals(split.having, split, window))
@@ -212,7 +228,7 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
     touched = (
         exp.select(*(exp.column(c) for c in columns))
         .from_(exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True))
-        .where(_in_touched(name, split, window))
+        .where(_in_touched(name, window))
     )
     merged = (
         exp.select(*(exp.alias_(e, n, quoted=True) for n, e in outputs))
@@ -467,9 +483,16 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
         partial_query=partial_query(split, input_view, time_column, window.pane_us),
         partial_input=input_view,
         partial_columns=tuple(partial_columns),
-        create_statements=(create_archive, index, *consolidated, create_view(name, view)),
+        create_statements=(
+            create_archive,
+            index,
+            *consolidated,
+            create_windows_function(naming.waiting_windows_function(name), archive),
+            create_view(name, view),
+        ),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
+            drop("FUNCTION", table(naming.waiting_windows_function(name))),
             drop("TABLE", archive),
             drop("TABLE", table(naming.consolidated_table(name))),
             drop("TABLE", table(naming.consolidated_states_table(name))),

@@ -85,10 +85,6 @@ def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
     but plans once per session and keeps; run with its owner's privileges (a reader of a
     view calling it reads no internal table itself), with pg_catalog first on its search
     path, so that nothing created in public stands in for a built-in it calls."""
-    body = query.sql("postgres")
-    tag = "strata"
-    while f"${tag}$" in body:
-        tag += "_"
     return (
         sql.SQL(
             CREATE_FUNCTION + "{name}() RETURNS SETOF {rows} LANGUAGE sql STABLE "
@@ -98,7 +94,47 @@ def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
         .format(
             name=sql.Identifier(naming.INTERNAL_SCHEMA, name),
             rows=sql.Identifier(str(rows_of.db), rows_of.name),
-            body=sql.SQL("${tag}$ {body} ${tag}$").format(tag=sql.SQL(tag), body=sql.SQL(body)),
+            body=_dollar_quoted(query.sql("postgres")),
+        )
+        .as_string()
+    )
+
+
+def _dollar_quoted(body: str) -> sql.Composable:
+    """A function's body between dollar quotes whose tag it does not hold."""
+    tag = "strata"
+    while f"${tag}$" in body:
+        tag += "_"
+    return sql.SQL("${tag}$ {body} ${tag}$").format(tag=sql.SQL(tag), body=sql.SQL(body))
+
+
+def create_windows_function(name: str, archive: exp.Table) -> str:
+    """``CREATE OR REPLACE FUNCTION`` INTERNAL_SCHEMA.``name``() returning the distinct
+    window starts of the partial archive ``archive``, found by skipping through its index on
+    the window start: one index probe per window, where ``SELECT DISTINCT`` read every
+    partial row (288,000 rows for 288 windows, on every read of the view). STABLE, so that
+    it reads the snapshot of the statement calling it; PARALLEL SAFE, so that the view's
+    scans stay parallel (each worker calls it); run with its owner's privileges (a reader of
+    a view calling it reads no internal table itself). A parallel worker cannot run a
+    function with a SET clause, so it has no search path of its own: every name in it is
+    qualified instead, its one operator too."""
+    column = sql.Identifier(naming.WINDOW_START_COLUMN)
+    source = sql.Identifier(str(archive.db), archive.name)
+    first = sql.SQL("SELECT a.{c} FROM {t} AS a").format(c=column, t=source)
+    body = sql.SQL(
+        "WITH RECURSIVE w(s) AS (({first} ORDER BY a.{c} LIMIT 1) UNION ALL SELECT ({first} "
+        "WHERE a.{c} OPERATOR(pg_catalog.>) w.s ORDER BY a.{c} LIMIT 1) FROM w "
+        "WHERE w.s IS NOT NULL) SELECT w.s FROM w WHERE w.s IS NOT NULL"
+    ).format(first=first, c=column)
+    return (
+        sql.SQL(
+            CREATE_FUNCTION + "{name}() RETURNS TABLE ({c} timestamptz) LANGUAGE sql STABLE "
+            "PARALLEL SAFE SECURITY DEFINER AS {body}"
+        )
+        .format(
+            name=sql.Identifier(naming.INTERNAL_SCHEMA, name),
+            c=column,
+            body=_dollar_quoted(body.as_string()),
         )
         .as_string()
     )
@@ -106,7 +142,7 @@ def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
 
 def function_call(name: str) -> exp.Table:
     """INTERNAL_SCHEMA.``name``() in a FROM clause (``name`` needs no quotes:
-    rewriter.naming.serial_live_function)."""
+    rewriter.naming.serial_live_function, rewriter.naming.waiting_windows_function)."""
     return exp.Table(
         this=exp.Anonymous(this=name, expressions=[]),
         db=exp.to_identifier(naming.INTERNAL_SCHEMA, quoted=True),

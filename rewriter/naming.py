@@ -172,13 +172,24 @@ def serial_window_index(stream: str) -> str:
 
 def serial_live_function(stream: str) -> str:
     """Function (in INTERNAL_SCHEMA) computing a serial stream's windows on read: those not
-    materialized yet and those awaiting repair. Lower case letters, digits and underscores
-    only, so that it needs no quotes (sqlglot writes a function's name in upper case, which
-    PostgreSQL folds back), and the first 8 hex digits of the stream's SHA-256 keep names
-    that differ in case or punctuation apart."""
+    materialized yet and those awaiting repair."""
+    return _function_name("strata_live", stream)
+
+
+def waiting_windows_function(stream: str) -> str:
+    """Function (in INTERNAL_SCHEMA) listing the windows of an aggregate stream whose
+    partial rows wait for the reducer (its view merges them on read)."""
+    return _function_name("strata_waiting", stream)
+
+
+def _function_name(prefix: str, stream: str) -> str:
+    """``prefix`` and ``stream`` in lower case letters, digits and underscores only, so that
+    the name needs no quotes (sqlglot writes a function's name in upper case, which
+    PostgreSQL folds back), and the first 8 hex digits of the stream's SHA-256, which keep
+    names that differ in case or punctuation apart."""
     slug = re.sub(r"[^a-z0-9_]", "_", stream.lower())
     digest = hashlib.sha256(stream.encode()).hexdigest()[:8]
-    return fit(f"strata_live_{slug}_{digest}")
+    return fit(f"{prefix}_{slug}_{digest}")
 
 
 # Column of a serial archive holding the start of the window a row belongs to.

@@ -889,3 +889,79 @@ def test_session_streams_key_index_comes_with_the_upgrade(strata: Strata) -> Non
     assert sorted(strata.query("SELECT * FROM ss_visits WHERE k = 'b'")) == [
         e for e in expected if e[0] == "b"
     ]
+
+
+def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrade(
+    strata: Strata,
+) -> None:
+    """0025 gives each aggregate stream the function its view finds the windows that wait
+    for the reducer with, and replaces the view; its downgrade puts back what the previous
+    release read there (SELECT DISTINCT over the partial archive) and drops the function.
+    Exact throughout, with windows reduced, waiting, and both in one window (late rows)."""
+    strata.create("CREATE STREAM wv (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM wv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(wv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.create(
+        "CREATE STREAM wv_hop AS SELECT count(*) AS n, window_end AS t "
+        "FROM HOP(wv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
+    )
+    rng = random.Random(13)
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+
+    def run(minutes: float) -> str:
+        return "".join(
+            json.dumps(
+                {
+                    "campaign": rng.choice(["a", "b", "c"]),
+                    "t": (start + timedelta(minutes=rng.uniform(0, minutes))).isoformat(),
+                }
+            )
+            + "\n"
+            for _ in range(200)
+        )
+
+    strata.ingest("wv", run(20))
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    strata.ingest("wv", run(30))  # late rows into reduced windows, and new windows
+    minute = "date_bin('1 minute', t, timestamptz 'epoch')"
+    oracles = {
+        "wv_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM wv "
+        "GROUP BY 1, 3",
+        "wv_hop": f"SELECT count(*), e FROM wv, LATERAL (SELECT {minute} + interval '1 minute' "
+        "* k AS e FROM generate_series(1, 2) k) w GROUP BY e",
+    }
+    expected = {view: sorted(strata.query(oracle)) for view, oracle in oracles.items()}
+    assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__reduced")[0][0] > 0
+    assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__partial")[0][0] > 0
+
+    def calls() -> list[bool]:
+        return [
+            naming.waiting_windows_function(view)
+            in strata.query("SELECT pg_get_viewdef(%s::regclass)", view)[0][0]
+            for view in oracles
+        ]
+
+    def exists() -> list[bool]:
+        return [
+            bool(
+                strata.query(
+                    "SELECT count(*) FROM pg_proc WHERE proname = %s",
+                    naming.waiting_windows_function(view),
+                )[0][0]
+            )
+            for view in oracles
+        ]
+
+    def exact() -> bool:
+        return all(sorted(strata.query(f"SELECT * FROM {v}")) == expected[v] for v in oracles)
+
+    assert calls() == exists() == [True, True] and exact()
+    downgrade_to(strata.service.engine, "0024")
+    assert calls() == exists() == [False, False] and exact()
+    migrate(strata.service.engine)
+    assert calls() == exists() == [True, True] and exact()
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__partial") == [(0,)]
+    assert exact()

@@ -26,7 +26,12 @@ depends_on = None
 
 
 def _again(statement: str) -> str:
-    """``statement`` (a CREATE) as one that may run on a database that has the object."""
+    """``statement`` (a CREATE) as one that may run on a database that has the object (a
+    function's, CREATE OR REPLACE since 0025, as it is)."""
+    from rewriter.ddl import CREATE_FUNCTION
+
+    if statement.startswith(CREATE_FUNCTION):
+        return statement
     create = sqlglot.parse_one(statement, read="postgres")
     assert isinstance(create, exp.Create)
     if create.kind == "VIEW":
