@@ -29,8 +29,9 @@ What it does, in one process:
    slice into ``ev``'s raw archive, each joining a session), records the corrections they
    make to ``top_per_5``'s materialized windows (as a run's commit would), and reduces
    nothing;
-6. phase "folded": wakes the reducer and the repairer, as the late runs' commit does
-   (server/runtime.py wires it), and times how long from then until no serial window
+6. phase "folded": wakes the reducer (folding STRATA_REDUCE_CONCURRENCY streams at once,
+   as by default) and the repairer, as the late runs' commit does (server/runtime.py
+   wires it), and times how long from then until no serial window
    waits for its repair, and until no partial row waits for a fold either: the time from
    a late run's commit until its windows read at caught-up speed again;
 7. in each phase, for each query of QUERIES: ``CREATE TABLE plain_<view> AS SELECT * FROM
@@ -563,7 +564,9 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
             f"{interval:g} s more)",
             unit="s",
             better="lower",
-            notes=f"the baseline adds {setting}, the longest wait a late commit no longer has",
+            notes=f"the baseline adds {setting}, the longest wait a late commit no longer has; "
+            f"the reducer folds {DEFAULTS.reduce_concurrency} streams at once "
+            "(STRATA_REDUCE_CONCURRENCY)",
             context=context,
         )
         for what, how, seconds, setting, interval in (

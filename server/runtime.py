@@ -161,6 +161,7 @@ def assemble(
         plans,
         min_rows=settings.reduce_min_rows,
         interval=settings.reduce_interval,
+        concurrency=settings.reduce_concurrency,
         metrics=metrics,
     )
     repairer = Repairer(engine, plans, interval=settings.serial_interval, metrics=metrics)

@@ -109,6 +109,14 @@ class Settings(BaseSettings):
         "that brings late rows starts a pass at once: the windows it reopened are merged on "
         "read only until that pass has folded them.",
     )
+    reduce_concurrency: int = Field(
+        2,
+        ge=1,
+        description="Streams the reducer folds at once, each in its own transaction on its "
+        "own connection: a late run that reopened windows of several streams reads at "
+        "caught-up speed again about this many times sooner, while as many PostgreSQL "
+        "backends write at once.",
+    )
     feed_retention: float = Field(
         7 * 24 * 3600.0,
         gt=0,

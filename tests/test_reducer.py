@@ -14,7 +14,7 @@ from decimal import Decimal
 import psycopg
 
 from rewriter import naming
-from rewriter.plan import ParallelAggregatePlan
+from rewriter.plan import ParallelAggregatePlan, StreamPlan
 from server.workers.loop import Worker
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
@@ -442,3 +442,55 @@ def test_the_windows_that_wait_are_found_by_index_and_only_when_rows_wait(
             line for line in caught_up.splitlines() if function in line or "ProjectSet" in line
         ]
         assert calls and all("never executed" in line for line in calls), caught_up
+
+
+def test_the_reducer_folds_streams_at_once_each_exact(strata: Strata) -> None:
+    """With a concurrency of 2 (the default) the reducer folds two streams at the same
+    time, each on its own connection: the two first steps meet at a barrier they could not
+    both reach one after the other. Every view then equals its batch query, with nothing
+    left unfolded; with a concurrency of 1 the barrier is never met."""
+    strata.create("CREATE STREAM kp (campaign text, t timestamptz) WITH (event_time = 't')")
+    for name, size in (("kp_minute", "1 minute"), ("kp_hour", "1 hour")):
+        strata.create(
+            f"CREATE STREAM {name} AS SELECT campaign, count(*) AS n, window_end AS t "
+            f"FROM TUMBLE(kp, t, INTERVAL '{size}') GROUP BY campaign, window_end"
+        )
+    rng = random.Random(14)
+    body = "".join(
+        json.dumps(
+            {
+                "campaign": f"c{rng.randrange(5)}",
+                "t": (START + timedelta(seconds=rng.randrange(4 * 3600))).isoformat(),
+            }
+        )
+        + "\n"
+        for _ in range(2000)
+    )
+    strata.ingest("kp", body)
+
+    class Meeting(Reducer):
+        """A reducer whose first step of each stream waits for the other stream's."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            self.barrier = threading.Barrier(2, timeout=5)
+            self.met: set[str] = set()
+
+        def step(self, plan: StreamPlan) -> int:
+            if plan.name not in self.met:
+                self.met.add(plan.name)
+                self.barrier.wait()
+            return super().step(plan)
+
+    alone = Meeting(strata.service.engine, strata.service.plans, min_rows=0, concurrency=1)
+    assert alone.run_once() == {}  # both steps failed at the broken barrier, nothing folded
+    assert alone.barrier.broken
+    together = Meeting(strata.service.engine, strata.service.plans, min_rows=0)
+    assert together.concurrency == 2
+    folded = together.run_once()
+    assert folded.keys() == {"kp_minute", "kp_hour"} and all(folded.values()), folded
+    for name, size in (("kp_minute", "1 minute"), ("kp_hour", "1 hour")):
+        assert strata.query(f"SELECT count(*) FROM strata_internal.{name}__partial") == [(0,)]
+        window = f"date_bin('{size}', t, timestamptz 'epoch') + interval '{size}'"
+        oracle = f"SELECT campaign, count(*), {window} FROM kp GROUP BY 1, 3"
+        assert sorted(strata.query(f"SELECT * FROM {name}")) == sorted(strata.query(oracle))

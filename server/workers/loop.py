@@ -7,7 +7,9 @@ A worker wakes every ``interval`` seconds, or at once when ``wake()`` is called 
 that brought late rows wakes the reducer and the repairer), and calls
 ``step(plan)`` for each stream it applies to; a step does one bounded, idempotent unit of
 work in its own transaction and returns how much it did (it is called again while it
-keeps doing ``batch`` worth). One failing stream is logged and skipped; the loop goes on.
+keeps doing ``batch`` worth); a worker made with ``concurrency`` above 1 works on that many
+streams at once, each on a thread of its own. One failing stream is logged and skipped;
+the loop goes on.
 A crash at any point leaves either the whole transaction or nothing, so workers simply
 resume. When a pass runs changes no result: every step is exact whenever it runs.
 
@@ -24,12 +26,13 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import sqlalchemy as sa
 
 from rewriter.plan import StreamPlan
-from server.catalog import PlanCache
+from server.catalog import PlanCache, StreamRecord
 from server.metrics import Metrics
 
 
@@ -84,11 +87,13 @@ class Worker(Background):
         interval: float,
         batch: int,
         metrics: Metrics | None = None,
+        concurrency: int = 1,
     ) -> None:
         self.engine = engine
         self.plans = plans
         self.interval = interval
         self.batch = batch
+        self.concurrency = concurrency  # streams a pass works on at once
         self.metrics = metrics  # counts items handled and failures, when set
         # Set by wake() (and by a stop): the loop's wait ends at once. A wake during a pass
         # stays set, so another pass follows: what woke it may have come after the pass read.
@@ -138,31 +143,57 @@ class Worker(Background):
         """One bounded unit of work in one transaction; how many items it handled."""
 
     def run_once(self) -> dict[str, int]:
-        """One pass over every stream; returns the items handled per stream."""
+        """One pass over every stream; returns the items handled per stream. With
+        ``concurrency`` above 1, that many streams at once, each on its own thread and
+        connection (their steps are separate transactions, as one after the other)."""
         with self.engine.connect() as connection:
             records = self.plans.load(connection)
+        applicable = [r for r in records.values() if self.applies_to(r.plan)]
         done: dict[str, int] = {}
-        for record in records.values():
-            if not self._holding():
-                break
-            if not self.applies_to(record.plan):
-                continue
-            try:
-                done[record.name] = self._drain(record.plan)
-            except LeaseLost as lost:  # rolled back: the job is another server's now
-                self.log.warning("%s", lost)
-                break
-            except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
-                self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
-                self._failed()
-            except Exception as error:  # one stream's failure must not stop the others
-                if self._stopping.is_set():  # e.g. its Spark job, cancelled by the stop
-                    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                    self.log.info("%s of %s stopped midway: %s", self.name, record.name, first)
+        halt = threading.Event()  # the pass ends: its lease lost, or the worker stopping
+
+        def drain(record: StreamRecord) -> None:
+            if halt.is_set() or not self._holding():
+                halt.set()
+                return
+            handled = self._drain_one(record, halt)
+            if handled is not None:
+                done[record.name] = handled
+
+        if self.concurrency > 1 and len(applicable) > 1:
+            with ThreadPoolExecutor(
+                max_workers=self.concurrency, thread_name_prefix=f"strata-{self.name}"
+            ) as pool:
+                list(pool.map(drain, applicable))
+        else:
+            for record in applicable:
+                drain(record)
+                if halt.is_set():
                     break
-                self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
-                self._failed()
         return done
+
+    def _drain_one(self, record: StreamRecord, halt: threading.Event) -> int | None:
+        """``record``'s steps until it has nothing left, and how many items they handled;
+        None when they failed: one stream's failure is logged and skipped, it must not stop
+        the others. Sets ``halt`` when the pass must end (the lease lost, or the worker
+        stopping midway)."""
+        try:
+            return self._drain(record.plan)
+        except LeaseLost as lost:  # rolled back: the job is another server's now
+            self.log.warning("%s", lost)
+            halt.set()
+        except sa.exc.OperationalError as error:  # PostgreSQL restarting, say: no trace
+            self.log.warning("%s of %s: %s", self.name, record.name, _reason(error))
+            self._failed()
+        except Exception as error:
+            if self._stopping.is_set():  # e.g. its Spark job, cancelled by the stop
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                self.log.info("%s of %s stopped midway: %s", self.name, record.name, first)
+                halt.set()
+                return None
+            self.log.exception("%s of %s failed; skipped this round", self.name, record.name)
+            self._failed()
+        return None
 
     def _drain(self, plan: StreamPlan) -> int:
         total = 0

@@ -7,7 +7,8 @@ statement; the consolidated table keeps one row per window and group, with the f
 values the view reads like a plain table. A pass runs every ``interval`` seconds, and at
 once when a commit brings late rows (the ingest pipeline wakes the reducer): a window late
 data reopened is merged on read only until that pass has folded it, not for a whole
-interval.
+interval. It folds ``concurrency`` streams at once (STRATA_REDUCE_CONCURRENCY), each on its
+own connection.
 Every fold is one statement (one transaction), so no reader ever sees a view change
 because of it; a lock per stream keeps two reducers (two servers on one database) from
 folding the same window at once.
@@ -48,9 +49,17 @@ class Reducer(Worker):
         min_rows: int = DEFAULTS.reduce_min_rows,
         max_groups: int = 500,
         interval: float = DEFAULTS.reduce_interval,
+        concurrency: int = DEFAULTS.reduce_concurrency,
         metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(engine, plans, interval=interval, batch=max_groups, metrics=metrics)
+        super().__init__(
+            engine,
+            plans,
+            interval=interval,
+            batch=max_groups,
+            metrics=metrics,
+            concurrency=concurrency,
+        )
         self.min_rows = min_rows
 
     def applies_to(self, plan: StreamPlan) -> bool:
