@@ -11,6 +11,7 @@ from alembic import op
 
 if TYPE_CHECKING:
     import psycopg
+    from sqlglot import exp
 
     from rewriter.plan import StreamPlan
 
@@ -39,3 +40,34 @@ def replace_views(kind: type[StreamPlan]) -> None:
     for plan in plans.values():
         for statement in replaced_views(plan):
             driver.execute(statement)
+
+
+def replace_calls(
+    driver: psycopg.Connection, name: str, view_query: str, function: str, query: exp.Query
+) -> None:
+    """Replace the view ``name`` with ``view_query``, each call of INTERNAL_SCHEMA.
+    ``function``() in its FROM clauses replaced by ``query`` under the call's alias, and
+    drop the function: how a downgrade gives the previous release a view it can serve (and
+    drop) from today's plan."""
+    import sqlglot
+    from psycopg import sql
+    from sqlglot import exp
+
+    from rewriter import naming
+
+    view = sqlglot.parse_one(view_query, read="postgres")
+    for call in list(view.find_all(exp.Table)):
+        if isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function:
+            call.replace(query.subquery(call.alias_or_name))
+    create = exp.Create(
+        this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
+        kind="VIEW",
+        expression=view,
+        replace=True,
+    )
+    driver.execute(create.sql("postgres"))
+    driver.execute(
+        sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+            sql.Identifier(naming.INTERNAL_SCHEMA, function)
+        )
+    )

@@ -143,6 +143,22 @@ def migrate_only(url: str, revision: str) -> None:
         engine.dispose()
 
 
+def clicks(rng: random.Random, minutes: float) -> str:
+    """200 clicks of campaigns a, b and c as NDJSON, at random times in the first
+    ``minutes`` of 2025-05-01."""
+    start = datetime(2025, 5, 1, tzinfo=UTC)
+    return "".join(
+        json.dumps(
+            {
+                "campaign": rng.choice(["a", "b", "c"]),
+                "t": (start + timedelta(minutes=rng.uniform(0, minutes))).isoformat(),
+            }
+        )
+        + "\n"
+        for _ in range(200)
+    )
+
+
 def downgrade_to(engine: sa.Engine, revision: str) -> None:
     """Run the migrations' downgrades down to ``revision``, on a running server's
     database."""
@@ -794,23 +810,9 @@ def test_serial_views_call_their_function_after_the_upgrade(strata: Strata) -> N
         "FROM TUMBLE(sv_minute, t, INTERVAL '5 minutes') GROUP BY window_end"
     )
     rng = random.Random(9)
-    start = datetime(2025, 5, 1, tzinfo=UTC)
-
-    def run(minutes: float) -> str:
-        return "".join(
-            json.dumps(
-                {
-                    "campaign": rng.choice(["a", "b", "c"]),
-                    "t": (start + timedelta(minutes=rng.uniform(0, minutes))).isoformat(),
-                }
-            )
-            + "\n"
-            for _ in range(200)
-        )
-
-    strata.ingest("sv", run(30))
+    strata.ingest("sv", clicks(rng, 30))
     Materializer(strata.service.engine, strata.service.plans).run_once()
-    strata.ingest("sv", run(40))  # late rows into archived windows, and new windows
+    strata.ingest("sv", clicks(rng, 40))  # late rows into archived windows, and new windows
     five = "date_bin('5 minutes', t, timestamptz 'epoch')"
     oracle = (
         f"SELECT max(n), w + interval '5 minutes' FROM (SELECT count(*) AS n, {five} AS w "
@@ -908,23 +910,9 @@ def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrad
         "FROM HOP(wv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
     )
     rng = random.Random(13)
-    start = datetime(2025, 5, 1, tzinfo=UTC)
-
-    def run(minutes: float) -> str:
-        return "".join(
-            json.dumps(
-                {
-                    "campaign": rng.choice(["a", "b", "c"]),
-                    "t": (start + timedelta(minutes=rng.uniform(0, minutes))).isoformat(),
-                }
-            )
-            + "\n"
-            for _ in range(200)
-        )
-
-    strata.ingest("wv", run(20))
+    strata.ingest("wv", clicks(rng, 20))
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
-    strata.ingest("wv", run(30))  # late rows into reduced windows, and new windows
+    strata.ingest("wv", clicks(rng, 30))  # late rows into reduced windows, and new windows
     minute = "date_bin('1 minute', t, timestamptz 'epoch')"
     oracles = {
         "wv_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM wv "

@@ -33,9 +33,7 @@ def downgrade() -> None:
     """Views the previous release serves, which it can also drop: each function's body in
     its view's place, as a subquery (the release before planned the same query in the
     view), and the function dropped."""
-    from psycopg import sql
-
-    from migrations.plans import stored_plans
+    from migrations.plans import replace_calls, stored_plans
     from rewriter import naming
     from rewriter.plan import SerialAggregatePlan
 
@@ -49,19 +47,6 @@ def downgrade() -> None:
         ).fetchone()
         if found is None:
             continue
-        view = sqlglot.parse_one(plan.view_query, read="postgres")
         body = sqlglot.parse_one(found[0], read="postgres")
         assert isinstance(body, exp.Query)
-        for call in list(view.find_all(exp.Table)):
-            if isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function:
-                call.replace(body.subquery(call.alias_or_name))
-        create = exp.Create(
-            this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
-            kind="VIEW",
-            expression=view,
-            replace=True,
-        )
-        driver.execute(create.sql("postgres"))
-        driver.execute(
-            sql.SQL("DROP FUNCTION {}()").format(sql.Identifier(naming.INTERNAL_SCHEMA, function))
-        )
+        replace_calls(driver, name, plan.view_query, function, body)

@@ -14,7 +14,6 @@ Revises: 0024
 
 from __future__ import annotations
 
-import sqlglot
 from sqlglot import exp
 
 revision = "0025"
@@ -34,34 +33,16 @@ def downgrade() -> None:
     """Views the previous release serves, which it can also drop: the function's call in
     each view replaced by what the release before read there, SELECT DISTINCT over the
     partial archive, and the function dropped."""
-    from psycopg import sql
-
-    from migrations.plans import stored_plans
+    from migrations.plans import replace_calls, stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
 
     driver, plans = stored_plans(ParallelAggregatePlan)
     for name, plan in plans.items():
-        function = naming.waiting_windows_function(name)
-        start = naming.WINDOW_START_COLUMN
         distinct = (
-            exp.select(exp.column(start))
+            exp.select(exp.column(naming.WINDOW_START_COLUMN))
             .distinct()
             .from_(exp.table_(naming.partial_archive_table(name), db=naming.INTERNAL_SCHEMA))
         )
-        view = sqlglot.parse_one(plan.view_query, read="postgres")
-        for call in list(view.find_all(exp.Table)):
-            if isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function:
-                call.replace(distinct.subquery(call.alias_or_name))
-        create = exp.Create(
-            this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
-            kind="VIEW",
-            expression=view,
-            replace=True,
-        )
-        driver.execute(create.sql("postgres"))
-        driver.execute(
-            sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
-                sql.Identifier(naming.INTERNAL_SCHEMA, function)
-            )
-        )
+        function = naming.waiting_windows_function(name)
+        replace_calls(driver, name, plan.view_query, function, distinct)
