@@ -42,6 +42,24 @@ def replace_views(kind: type[StreamPlan]) -> None:
             driver.execute(statement)
 
 
+def index_statements(plan: StreamPlan) -> list[exp.Create]:
+    """``plan``'s CREATE INDEX statements, to run again (IF NOT EXISTS) or to name what
+    a downgrade drops; its function statements, which sqlglot does not read, skipped."""
+    import sqlglot
+    from sqlglot import exp
+
+    from rewriter.ddl import CREATE_FUNCTION
+
+    creates = []
+    for statement in plan.create_statements:
+        if statement.startswith(CREATE_FUNCTION):
+            continue
+        create = sqlglot.parse_one(statement, read="postgres")
+        if isinstance(create, exp.Create) and create.kind == "INDEX":
+            creates.append(create)
+    return creates
+
+
 def replace_calls(
     driver: psycopg.Connection, name: str, view_query: str, function: str, query: exp.Query
 ) -> None:

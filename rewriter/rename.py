@@ -101,7 +101,8 @@ class Relation:
 def replaced_views(plan: StreamPlan) -> list[str]:
     """``plan``'s CREATE VIEW statements as CREATE OR REPLACE VIEW, each after the CREATE OR
     REPLACE FUNCTION statements before it (the functions a view calls: a serial stream's
-    windows computed on read), in the plan's order."""
+    windows computed on read, an aggregate stream's windows waiting for the reducer), in
+    the plan's order."""
     statements = []
     for statement in plan.create_statements:
         if statement.startswith(CREATE_FUNCTION):

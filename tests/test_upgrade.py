@@ -143,8 +143,8 @@ def migrate_only(url: str, revision: str) -> None:
         engine.dispose()
 
 
-def clicks(rng: random.Random, minutes: float) -> str:
-    """200 clicks of campaigns a, b and c as NDJSON, at random times in the first
+def clicks(rng: random.Random, minutes: float, rows: int = 200) -> str:
+    """``rows`` clicks of campaigns a, b and c as NDJSON, at random times in the first
     ``minutes`` of 2025-05-01."""
     start = datetime(2025, 5, 1, tzinfo=UTC)
     return "".join(
@@ -155,7 +155,7 @@ def clicks(rng: random.Random, minutes: float) -> str:
             }
         )
         + "\n"
-        for _ in range(200)
+        for _ in range(rows)
     )
 
 
@@ -757,19 +757,7 @@ def test_the_key_index_of_reduced_windows_comes_with_the_upgrade(strata: Strata)
         "CREATE STREAM kv_all AS SELECT count(*) AS n, window_end AS t "
         "FROM TUMBLE(kv, t, INTERVAL '1 minute') GROUP BY window_end"
     )
-    rng = random.Random(8)
-    start = datetime(2025, 5, 1, tzinfo=UTC)
-    body = "".join(
-        json.dumps(
-            {
-                "campaign": rng.choice(["a", "b", "c"]),
-                "t": (start + timedelta(seconds=rng.uniform(0, 900))).isoformat(),
-            }
-        )
-        + "\n"
-        for _ in range(300)
-    )
-    strata.ingest("kv", body)
+    strata.ingest("kv", clicks(random.Random(8), 15, rows=300))
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
     minute = "date_bin('1 minute', t, timestamptz 'epoch') + interval '1 minute'"
     oracle = f"SELECT campaign, count(*), {minute} FROM kv GROUP BY 1, 3"

@@ -13,9 +13,6 @@ Revises: 0021
 
 from __future__ import annotations
 
-import sqlglot
-from sqlglot import exp
-
 revision = "0022"
 down_revision = "0021"
 branch_labels = None
@@ -23,19 +20,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    from migrations.plans import stored_plans
-    from rewriter.ddl import CREATE_FUNCTION
+    from migrations.plans import index_statements, stored_plans
     from rewriter.plan import ParallelAggregatePlan
 
     driver, plans = stored_plans(ParallelAggregatePlan)
     for plan in plans.values():
-        for statement in plan.create_statements:
-            if statement.startswith(CREATE_FUNCTION):
-                continue  # the view's function (0025), which sqlglot does not read
-            create = sqlglot.parse_one(statement, read="postgres")
-            if isinstance(create, exp.Create) and create.kind == "INDEX":
-                create.set("exists", True)
-                driver.execute(create.sql("postgres"))
+        for create in index_statements(plan):
+            create.set("exists", True)
+            driver.execute(create.sql("postgres"))
 
 
 def downgrade() -> None:

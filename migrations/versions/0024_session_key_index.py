@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import sqlglot
-from sqlglot import exp
-
 if TYPE_CHECKING:
     import psycopg
+    from sqlglot import exp
 
 revision = "0024"
 down_revision = "0023"
@@ -29,17 +27,11 @@ depends_on = None
 def _index_statements() -> tuple[psycopg.Connection, list[exp.Create]]:
     """The migration's connection and the CREATE INDEX statements of the on-read streams
     (only a session stream over a raw stream has one)."""
-    from migrations.plans import stored_plans
+    from migrations.plans import index_statements, stored_plans
     from rewriter.plan import OnReadStreamPlan
 
     driver, plans = stored_plans(OnReadStreamPlan)
-    creates = []
-    for plan in plans.values():
-        for statement in plan.create_statements:
-            create = sqlglot.parse_one(statement, read="postgres")
-            if isinstance(create, exp.Create) and create.kind == "INDEX":
-                creates.append(create)
-    return driver, creates
+    return driver, [c for plan in plans.values() for c in index_statements(plan)]
 
 
 def upgrade() -> None:

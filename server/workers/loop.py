@@ -167,9 +167,7 @@ class Worker(Background):
                 list(pool.map(drain, applicable))
         else:
             for record in applicable:
-                drain(record)
-                if halt.is_set():
-                    break
+                drain(record)  # returns at once once the pass is halted
         return done
 
     def _drain_one(self, record: StreamRecord, halt: threading.Event) -> int | None:
