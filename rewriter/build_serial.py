@@ -22,6 +22,8 @@ the source's time (``window_start + size`` there, which no index of the source s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlglot import exp
 
 from rewriter import naming
@@ -39,6 +41,9 @@ from rewriter.plan import (
 from rewriter.registry import exact_in_postgres
 from rewriter.resolve_window import WindowSpec, interval_text
 
+# Adds a condition on the source's rows to a query per window, where it reads them.
+Restrict = Callable[[exp.Select, exp.Expr], exp.Select]
+
 
 def _interval(size_us: int) -> exp.Interval:
     return exp.Interval(this=exp.Literal.string(interval_text(size_us)))
@@ -53,6 +58,13 @@ def _source_window_start(window: WindowSpec) -> exp.Expr:
         if output is not None and output.role == "window_end":
             return exp.Sub(this=column, expression=_interval(source.window_size_us))
     return column
+
+
+def window_start(window: WindowSpec) -> exp.Expr:
+    """The start of the serial window of each source row (the row as ``src``)."""
+    return exp.func(
+        "strata_window_start", _source_window_start(window), exp.Literal.number(window.size_us)
+    )
 
 
 def _source_from(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
@@ -123,15 +135,17 @@ def _source_reaches(window: WindowSpec, bound: exp.Expr) -> exp.Expr | None:
 
 def _bounds(stream: exp.Expr) -> exp.Expr:
     """One row: the end of the materialized windows (until), the windows awaiting repair
-    (corrected) and the first and last of them (NULL when there are none)."""
+    (corrected), the first and last of them (NULL when there are none) and the same
+    windows as a multirange (ranges), which a row is checked against by binary search
+    where ANY over the array compares it with every window."""
     state = exp.select(
         exp.alias_(exp.func("strata_serial_until", stream), "until"),
         exp.alias_(exp.func("strata_serial_corrected", stream.copy()), "corrected"),
     ).subquery("state")
 
-    def edge(aggregate: type[exp.Min] | type[exp.Max]) -> exp.Expr:
+    def over_corrected(aggregate: exp.Expr) -> exp.Expr:
         return (
-            exp.select(aggregate(this=exp.column("w")))
+            exp.select(aggregate)
             .from_(
                 exp.Unnest(
                     expressions=[exp.column("corrected", table="state")],
@@ -149,8 +163,9 @@ def _bounds(stream: exp.Expr) -> exp.Expr:
         exp.select(
             exp.column("until", table="state"),
             exp.column("corrected", table="state"),
-            exp.alias_(edge(exp.Min), "lowest"),
-            exp.alias_(edge(exp.Max), "highest"),
+            exp.alias_(over_corrected(exp.Min(this=exp.column("w"))), "lowest"),
+            exp.alias_(over_corrected(exp.Max(this=exp.column("w"))), "highest"),
+            exp.alias_(over_corrected(_ranges_of(exp.column("w"))), "ranges"),
         )
         .from_(state)
         .offset(0)
@@ -158,12 +173,22 @@ def _bounds(stream: exp.Expr) -> exp.Expr:
     )
 
 
+def _ranges_of(window: exp.Expr) -> exp.Expr:
+    """The aggregate of window starts into a multirange, each start a one-point range."""
+    point = exp.func("tstzrange", window, window.copy(), exp.Literal.string("[]"))
+    return exp.func("range_agg", point)
+
+
+def _in_ranges(window_start: exp.Expr, ranges: exp.Expr) -> exp.Expr:
+    return exp.ArrayContainedBy(this=window_start, expression=ranges)
+
+
 def _listed_bounds(windows: exp.Expr, start: exp.Expr, end: exp.Expr) -> exp.Expr:
     """One row, computed once per statement: the windows ``windows`` (an array) names
-    (listed), the first and last of them (lowest, highest), and ``start`` and ``end``
-    (range_from, range_to). Read from this row, not from the settings in the query's
-    conditions, which PostgreSQL would evaluate (parse an array of timestamps) once per
-    source row: a repair of 60 windows spent 25 of its 26 s doing so."""
+    (listed, and as a multirange: ranges), the first and last of them (lowest, highest),
+    and ``start`` and ``end`` (range_from, range_to). Read from this row, not from the
+    settings in the query's conditions, which PostgreSQL would evaluate (parse an array of
+    timestamps) once per source row: a repair of 60 windows spent 25 of its 26 s doing so."""
 
     def edge(aggregate: type[exp.Min] | type[exp.Max]) -> exp.Expr:
         return exp.alias_(
@@ -175,6 +200,7 @@ def _listed_bounds(windows: exp.Expr, start: exp.Expr, end: exp.Expr) -> exp.Exp
             edge(exp.Min),
             edge(exp.Max),
             exp.alias_(windows.copy(), "listed"),
+            exp.alias_(_ranges_of(exp.column("w")), "ranges"),
             exp.alias_(start, "range_from"),
             exp.alias_(end, "range_to"),
         )
@@ -255,8 +281,7 @@ def build_serial(
         raise UnsupportedSQL(
             f"a serial stream ({reason}) must GROUP BY its window (window_start or window_end)"
         )
-    source_start = _source_window_start(window)
-    start = exp.func("strata_window_start", source_start, exp.Literal.number(window.size_us))
+    start = window_start(window)
 
     def place(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Column) and not node.table:
@@ -302,6 +327,25 @@ def build_serial(
     group = per_window.args.get("group")
     if group is not None:
         group.set("expressions", [*group.expressions, start.copy()])
+    distinct = bool(select.args.get("distinct"))
+    return serial_plan(name, window, reason, per_window, tuple(outputs), _and_where, distinct)
+
+
+def serial_plan(
+    name: str,
+    window: WindowSpec,
+    reason: str,
+    per_window: exp.Select,
+    outputs: tuple[OutputColumn, ...],
+    restrict: Restrict,
+    distinct: bool,
+    indexed: tuple[str, ...] = (),
+) -> SerialAggregatePlan:
+    """The serial stream whose query per window is ``per_window`` (its columns the
+    ``outputs``, then the window's start), over the source's rows as ``src``; ``restrict``
+    adds a condition on those rows (where the query reads them). Its archive is indexed
+    on the window start, and on each output ``indexed`` names."""
+    start = window_start(window)
     archive = table(naming.serial_archive_table(name))
     window_column = exp.column(naming.SERIAL_WINDOW_COLUMN, quoted=True)
     windows = _setting(naming.SERIAL_WINDOWS_SETTING, "timestamptz[]")
@@ -327,16 +371,16 @@ def build_serial(
     bounds = _bounds(stream)
     after = exp.column("until", table="bounds")
     reaches = _source_reaches(window, after.copy())
-    fresh = _and_where(
+    fresh = restrict(
         per_window,
         exp.and_(_source_from(window, after), *([reaches] if reaches is not None else [])),
     )
-    repaired = _and_where(
+    repaired = restrict(
         per_window,
         exp.and_(
             *_listed_windows(window),
             _source_before(window, after.copy()),
-            _in_windows(start.copy(), exp.column("corrected", table="bounds")),
+            _in_ranges(start.copy(), exp.column("ranges", table="bounds")),
             exp.not_(exp.Is(this=exp.column("lowest", table="bounds"), expression=exp.Null())),
         ),
     )
@@ -365,7 +409,7 @@ def build_serial(
         ),
         distinct=False,
     )
-    if select.args.get("distinct"):
+    if distinct:
         view = exp.select(*columns).distinct().from_(view.subquery("serial"))
     # What the workers recompute: the windows of the source rows in [SERIAL_FROM,
     # SERIAL_TO) and the windows SERIAL_WINDOWS lists, each read as a range of the source's
@@ -379,11 +423,11 @@ def build_serial(
         _setting(naming.SERIAL_FROM_SETTING, "timestamptz"),
         _setting(naming.SERIAL_TO_SETTING, "timestamptz"),
     )
-    listed = _and_where(
+    listed = restrict(
         per_window,
         exp.and_(
             *_listed_windows(window),
-            _in_windows(start.copy(), exp.column("listed", table="bounds")),
+            _in_ranges(start.copy(), exp.column("ranges", table="bounds")),
             exp.not_(
                 exp.paren(
                     exp.and_(
@@ -414,7 +458,7 @@ def build_serial(
         insert_statement=exp.Insert(
             this=archive.copy(),
             expression=exp.union(
-                _and_where(per_window, in_range.copy()),
+                restrict(per_window, in_range.copy()),
                 _lateral(listed_bounds, listed, per_window_columns),
                 distinct=False,
             ),
@@ -425,6 +469,10 @@ def build_serial(
         this=archive.copy(), kind="TABLE", expression=per_window.copy().limit(0)
     ).sql("postgres")
     archive_index = create_index(naming.serial_window_index(name), archive, [window_column.copy()])
+    time_indexes = tuple(
+        create_index(naming.serial_time_index(name, c), archive, [exp.column(c, quoted=True)])
+        for c in indexed
+    )
     source = window.source
     raw_sources = source.raw_sources if not isinstance(source, RawStreamPlan) else (source.name,)
     return SerialAggregatePlan(
@@ -435,14 +483,20 @@ def build_serial(
         window_slide_us=window.slide_us,
         pane_us=window.pane_us,
         parallelism_reason=f"serial: {reason}",
-        create_statements=(create_archive, archive_index, create_live, create_view(name, view)),
+        create_statements=(
+            create_archive,
+            archive_index,
+            *time_indexes,
+            create_live,
+            create_view(name, view),
+        ),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
             drop("FUNCTION", table(live_function)),
             drop("TABLE", archive.copy()),
         ),
         view_query=view.sql("postgres"),
-        outputs=tuple(outputs),
+        outputs=outputs,
         raw_sources=raw_sources,
         serial=serial,
     )

@@ -14,6 +14,13 @@ row can push one out: the stream is a view that ranks the source's rows at every
 it is exact at every instant whatever the lateness; reading it ranks the source's rows (of
 the partitions a reader's filter keeps, where PostgreSQL pushes it down). Streams are not
 built on it.
+
+Where every rank partitions by the window of a tumbling aggregate stream (the top 10
+campaigns of each minute), each window's first N depend on that window's rows alone: the
+stream is a serial stream (rewriter.build_serial) whose query per window is the ranking,
+its closed windows kept in an archive and repaired after late data, so that a dashboard
+reads the N rows of each window, not every row of the source. Its view is as exact: a
+window is read from the archive or ranked on read, never both.
 """
 
 from __future__ import annotations
@@ -23,19 +30,28 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from rewriter import naming
+from rewriter.build_serial import serial_plan, window_start
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import check_shown_time, column_names, output_names
+from rewriter.derived_select import check_shown_time, column_names, output_name, output_names
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     JoinStreamPlan,
     OnReadStreamPlan,
     OutputColumn,
+    ParallelAggregatePlan,
     ProjectionStreamPlan,
     RawStreamPlan,
+    SerialAggregatePlan,
     StreamPlan,
     WindowedAggregatePlan,
 )
-from rewriter.resolve_window import WINDOW_FORM, interval_text, parse_interval
+from rewriter.resolve_window import (
+    GLOBAL_WINDOW_US,
+    WINDOW_FORM,
+    WindowSpec,
+    interval_text,
+    parse_interval,
+)
 
 _RANKS = (exp.RowNumber, exp.Rank, exp.DenseRank)
 TOP_N_FORM = (
@@ -63,8 +79,10 @@ def is_top_n(select: exp.Expr) -> bool:
 
 
 def build_top_n(
-    name: str, select: exp.Select, streams: Mapping[str, StreamPlan]
-) -> OnReadStreamPlan:
+    name: str, select: exp.Select, streams: Mapping[str, StreamPlan], *, materialize: bool = True
+) -> OnReadStreamPlan | SerialAggregatePlan:
+    """The top-N stream ``name``; ``materialize=False`` computes it on read even where its
+    windows could be kept (how the releases before kept every top-N stream)."""
     view = select.copy()
     for clause in ("with_", "qualify", "offset"):
         if view.args.get(clause):
@@ -81,6 +99,9 @@ def build_top_n(
     if any(isinstance(s, exp.Subquery) for s in ranked.find_all(exp.Subquery)):
         raise UnsupportedSQL("subqueries are not supported inside a top-N stream's ranking")
     source = _source(ranked, streams)
+    window = _serial_window(view, ranked, source) if materialize else None
+    if window is not None:
+        return _materialized(name, view, ranked, window)
     columns = [OutputColumn(n, None) for n in _names(view, ranked, source)]
     window = ranked.args["from_"].this
     ranked.args["from_"].set("this", _rows(window, source))
@@ -103,6 +124,124 @@ def build_top_n(
         drop_statements=(drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),),
         view_query=view.sql("postgres"),
     )
+
+
+def _serial_window(view: exp.Select, ranked: exp.Select, source: StreamPlan) -> WindowSpec | None:
+    """The source's window, when the stream ranks the rows of a tumbling aggregate stream
+    (without tables joined on read) and every rank partitions by that stream's window
+    column; None otherwise."""
+    if view is ranked or not isinstance(source, ParallelAggregatePlan) or source.tables:
+        return None
+    size = source.window_size_us
+    if size != source.window_slide_us or size == GLOBAL_WINDOW_US:
+        return None
+    item = ranked.args["from_"].this
+    if not isinstance(item, exp.Table) or isinstance(item.this, exp.Anonymous):
+        return None
+    if any(view.args.get(c) for c in ("order", "limit", "distinct", "group", "having")) or any(
+        ranked.args.get(c) for c in ("order", "limit", "distinct", "having")
+    ):
+        return None
+    alias = item.alias_or_name
+    times: list[str] = []
+    for rank in ranked.find_all(exp.Window):
+        keys = [
+            c.name
+            for c in rank.args.get("partition_by") or []
+            if isinstance(c, exp.Column)
+            and c.table in ("", alias)
+            and (output := source.output(c.name)) is not None
+            and output.role in (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN)
+        ]
+        if not keys:
+            return None
+        times += keys
+    return WindowSpec(source, times[0], size, size) if times else None
+
+
+def _materialized(
+    name: str, view: exp.Select, ranked: exp.Select, window: WindowSpec
+) -> SerialAggregatePlan:
+    """The ranking as a serial stream over ``window``: the query per window ranks the
+    source's rows as ``src``, their window's start carried out through the outer query."""
+    source = window.source
+    assert isinstance(source, ParallelAggregatePlan)  # as _serial_window found it
+    names = _names(view, ranked, source)
+    inner_names = output_names(ranked, column_names(source))
+    per_window = view.copy()
+    subquery = per_window.args["from_"].this
+    if not subquery.alias:
+        subquery.set("alias", exp.TableAlias(this=exp.to_identifier("ranked")))
+    inner = subquery.this
+    alias = inner.args["from_"].this.alias_or_name
+    inner.args["from_"].set(
+        "this", exp.alias_(table(source.name, naming.PUBLIC_SCHEMA), "src", table=True)
+    )
+    for column in inner.find_all(exp.Column):
+        if column.table == alias:
+            column.set("table", exp.to_identifier("src"))
+    inner.set(
+        "expressions",
+        [*inner.expressions, exp.alias_(window_start(window), naming.SERIAL_WINDOW_COLUMN)],
+    )
+    items: list[exp.Expr] = []
+    for item in per_window.expressions:
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            items += [exp.column(n, table=subquery.alias, quoted=True) for n in inner_names]
+        else:
+            items.append(item.this if isinstance(item, exp.Alias) else item)
+    per_window.set(
+        "expressions",
+        [
+            *(exp.alias_(e, n, quoted=True) for e, n in zip(items, names, strict=True)),
+            exp.column(naming.SERIAL_WINDOW_COLUMN, table=subquery.alias),
+        ],
+    )
+    # No column is the stream's window for the streams and feeds that read it: its rows
+    # are the first N of each window, not one row per window and group.
+    outputs = tuple(OutputColumn(n, None) for n in names)
+    reason = (
+        "top-N: a late row can push another out of the first N of its window, so the "
+        "windows are ranked when they close and ranked again after late data"
+    )
+    # The window column, shown as it is: readers filter by it (an hour of a dashboard).
+    shown = tuple(
+        n
+        for e, n in zip(items, names, strict=True)
+        if n == window.time_column
+        and isinstance(e, exp.Column)
+        and e.name == n
+        and _ranks_it_as_is(ranked, n)
+    )
+    return serial_plan(
+        name, window, reason, per_window, outputs, _in_ranking, distinct=False, indexed=shown
+    )
+
+
+def _ranks_it_as_is(ranked: exp.Select, column: str) -> bool:
+    """Whether the ranking passes the source's ``column`` through unchanged."""
+    for item in ranked.expressions:
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            return True
+        if output_name(item) == column:
+            value = item.this if isinstance(item, exp.Alias) else item
+            return isinstance(value, exp.Column) and value.name == column
+    return False
+
+
+def _in_ranking(query: exp.Select, condition: exp.Expr) -> exp.Select:
+    """``query`` with ``condition`` on the rows its ranking subquery ranks."""
+    query = query.copy()
+    inner = query.args["from_"].this.this
+    where = inner.args.get("where")
+    if where is not None:
+        condition = exp.and_(exp.paren(where.this.copy()), exp.paren(condition))
+    inner.set("where", exp.Where(this=condition))
+    return query
 
 
 def _check_rank_filter(outer: exp.Select, ranked: exp.Select) -> None:

@@ -170,6 +170,12 @@ def serial_window_index(stream: str) -> str:
     return fit(f"{stream}__serial_window")
 
 
+def serial_time_index(stream: str, column: str) -> str:
+    """Index of a serial archive on a column that shows its window (a top-N stream's
+    window end), which readers filter by."""
+    return fit(f"{stream}__serial_by_{column}")
+
+
 def serial_live_function(stream: str) -> str:
     """Function (in INTERNAL_SCHEMA) computing a serial stream's windows on read: those not
     materialized yet and those awaiting repair."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from rewriter import naming
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     OnReadStreamPlan,
@@ -20,6 +21,7 @@ from rewriter.plan import (
     ReadJoinStreamPlan,
     ReadUnionStreamPlan,
     RowStreamPlan,
+    SerialAggregatePlan,
     StreamPlan,
     WindowedAggregatePlan,
 )
@@ -244,6 +246,14 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
         raise UnsupportedSQL(
             f"{source.name!r} is computed on read ({source.parallelism_reason}); streams are "
             "not built on it"
+        )
+    if isinstance(source, SerialAggregatePlan) and not any(
+        o.role in (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN) for o in source.outputs
+    ):
+        raise UnsupportedSQL(
+            f"{source.name!r} keeps the first rows of each window of {source.source!r} "
+            f"({source.parallelism_reason.removeprefix('serial: ')}); streams are not built "
+            "on it"
         )
     if isinstance(source, ReadJoinStreamPlan):
         raise UnsupportedSQL(

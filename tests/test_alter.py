@@ -497,15 +497,18 @@ def test_alter_joins_sessions_top_n_and_serial_streams(strata: Strata) -> None:
         f"DESC, k) AS r FROM ({filtered}) m) q WHERE r <= 1",
     )
     same("x", f"SELECT {_bucket('w', 600)}, min(c) FROM ({filtered}) m GROUP BY 1")
-    # The serial stream's function is made under its own name at the swap, and the one
-    # it was built with goes; dropping the stream drops it.
+    # The serial streams' functions (x's, and the top-N's: it ranks m's windows, each kept
+    # once it closes) are made under their own names at the swap, and the ones they were
+    # built with go; dropping a stream drops its function.
     live = (
         "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-        "WHERE n.nspname = 'strata_internal' AND p.proname LIKE 'strata\\_live\\_%'"
+        "WHERE n.nspname = 'strata_internal' AND p.proname LIKE 'strata\\_live\\_%' "
+        "ORDER BY 1"
     )
-    assert strata.query(live) == [(naming.serial_live_function("x"),)]
+    functions = sorted((naming.serial_live_function(s),) for s in ("top", "x"))
+    assert strata.query(live) == functions
     assert strata.client.delete("/streams/x").status_code == 200
-    assert strata.query(live) == []
+    assert strata.query(live) == [(naming.serial_live_function("top"),)]
 
 
 def test_alter_over_the_sql_port(strata: Strata) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.crash import Ledger, arm, check_ledger, disarm, fired, wait_until_settled
 from tests.test_e2e import Server
-from tests.test_serial import SERIAL, START, STREAMS, oracles
+from tests.test_serial import ARCHIVED, SERIAL, START, STREAMS, oracles
 
 pytestmark = pytest.mark.e2e
 
@@ -57,11 +57,10 @@ def _serial(client: httpx.Client, name: str) -> dict[str, object]:
 def _archive_matches(client: httpx.Client, database_url: str, name: str) -> bool:
     """The archived rows are exactly the oracle's rows of the windows materialized."""
     until = _serial(client, name)["materialized_until"]
-    width = timedelta(minutes=5) if name == "top_per_5" else timedelta(0)
-    time_column = "t" if name == "top_per_5" else "window_start"
+    columns, width = ARCHIVED[name]
     with psycopg.connect(database_url) as connection:
         archived = connection.execute(
-            f"SELECT top, campaigns, {time_column} FROM strata_internal.{name}__serial"  # type: ignore[arg-type]
+            f"SELECT {columns} FROM strata_internal.{name}__serial"  # type: ignore[arg-type]
         ).fetchall()
         expected = connection.execute(oracles("ev")[name]).fetchall()  # type: ignore[arg-type]
     bound = datetime.fromisoformat(str(until)) if until else START
@@ -69,11 +68,13 @@ def _archive_matches(client: httpx.Client, database_url: str, name: str) -> bool
     return sorted(map(repr, archived)) == sorted(map(repr, expected))
 
 
-def test_kill_inside_materialization_and_repair(tmp_path: Path) -> None:
-    """kill -9 of the whole server inside the materializer's second step (windows written,
-    not committed), and after a restart inside a repair of windows that late runs
-    corrected: each time the views stay exact, and once the workers catch up, so does every
-    serial archive; every run sent is archived once."""
+@pytest.mark.parametrize("killed", ["top_per_5", "leaders"])
+def test_kill_inside_materialization_and_repair(tmp_path: Path, killed: str) -> None:
+    """kill -9 of the whole server inside the materializer's second step for the stream
+    ``killed`` (windows written, not committed; a serial aggregate, or a top-N), and after
+    a restart inside a repair of windows that late runs corrected: each time the views stay
+    exact, and once the workers catch up, so does every serial archive; every run sent is
+    archived once."""
     rng = random.Random(1)
     ledger = Ledger()
     server = Server(
@@ -84,7 +85,7 @@ def test_kill_inside_materialization_and_repair(tmp_path: Path) -> None:
             "STRATA_REDUCE_MIN_ROWS": "1",
         },
     )
-    arm(server, "materialize:server:top_per_5@2")
+    arm(server, f"materialize:server:{killed}@2")
     server.start()
     try:
         client = httpx.Client(base_url=server.url, timeout=120)
@@ -103,10 +104,10 @@ def test_kill_inside_materialization_and_repair(tmp_path: Path) -> None:
             ledger.post(server.url, f"hour-{hour}", body, wait=True)
         assert server.process is not None
         assert server.process.wait(timeout=120) == -signal.SIGKILL
-        fired(server, "materialize", "top_per_5")
+        fired(server, "materialize", killed)
 
         # Late runs into the closed windows keep the repairer busy; the kill lands in one.
-        arm(server, "repair:server:top_per_5")
+        arm(server, f"repair:server:{killed}")
         server.start()
         assert _wrong(server.database_url) == []
         for i in range(40):
@@ -114,7 +115,7 @@ def test_kill_inside_materialization_and_repair(tmp_path: Path) -> None:
                 break  # killed
             time.sleep(0.1)
         assert server.process.wait(timeout=120) == -signal.SIGKILL
-        repaired = fired(server, "repair", "top_per_5")
+        repaired = fired(server, "repair", killed)
         print("killed repairing", len(repaired["in_flight"]["windows"]), "windows")
 
         disarm(server)
@@ -135,8 +136,8 @@ def test_kill_inside_materialization_and_repair(tmp_path: Path) -> None:
         ):
             assert time.monotonic() < deadline, [_serial(client, n) for n in SERIAL]
             time.sleep(0.5)
-        assert _serial(client, "top_per_5")["windows_materialized"] >= 30
-        assert _serial(client, "top_per_5")["revisions"] > 0
+        assert _serial(client, killed)["windows_materialized"] >= 30
+        assert _serial(client, killed)["revisions"] > 0
         assert _wrong(server.database_url) == []
     finally:
         server.close()

@@ -1,5 +1,6 @@
 """Serial (SP) streams: windows materialized when they close, late data recorded as
-corrections and repaired, and every view exact at every instant, across two levels."""
+corrections and repaired, and every view exact at every instant, across two levels; and a
+top-N stream ranking each window of an aggregate stream, kept the same way."""
 
 from __future__ import annotations
 
@@ -43,8 +44,20 @@ STREAMS = {
         "SELECT max(top) AS top, sum(campaigns) AS campaigns, window_start FROM "
         "TUMBLE({top_per_5}, t, INTERVAL '15 minutes') GROUP BY window_start HAVING max(top) > 3"
     ),
+    # SP: the top 2 campaigns of each minute, ranked when the minute closes.
+    "leaders": (
+        "SELECT campaign, n, t FROM (SELECT campaign, n, t, ROW_NUMBER() OVER (PARTITION BY t "
+        "ORDER BY n DESC, campaign) AS rn FROM {per_minute}) x WHERE rn <= 2"
+    ),
 }
-SERIAL = ("top_per_5", "busy_per_15")
+SERIAL = ("top_per_5", "busy_per_15", "leaders")
+# Each serial stream's archived columns, the last its window's start or end, and its width
+# when the end (what the window's start is behind it).
+ARCHIVED = {
+    "top_per_5": ("top, campaigns, t", timedelta(minutes=5)),
+    "busy_per_15": ("top, campaigns, window_start", timedelta(0)),
+    "leaders": ("campaign, n, t", timedelta(minutes=1)),
+}
 EXAMPLES = itertools.count()  # fresh stream names for each property example
 
 
@@ -67,6 +80,11 @@ def oracles(ev: str) -> dict[str, str]:
         "busy_per_15": (
             f"SELECT max(top), sum(campaigns), {_minute('w5', 900)} AS w15 FROM ({tops}) x "
             "GROUP BY w15 HAVING max(top) > 3"
+        ),
+        "leaders": (
+            "SELECT campaign, n, w + interval '1 minute' FROM (SELECT campaign, n, w, "
+            f"row_number() OVER (PARTITION BY w ORDER BY n DESC, campaign) AS r FROM ({counts}) "
+            "c) x WHERE r <= 2"
         ),
     }
 
@@ -117,7 +135,7 @@ class Streams:
 
     def archive(self, name: str) -> list[tuple]:
         """The archived rows of a serial stream (what a view reads for materialized windows)."""
-        columns = "top, campaigns, " + ("t" if name == "top_per_5" else "window_start")
+        columns = ARCHIVED[name][0]
         return sorted(
             self.strata.query(f"SELECT {columns} FROM strata_internal.{self.names[name]}__serial"),
             key=repr,
@@ -129,8 +147,7 @@ class Streams:
         if archived:
             until = self.state(name)["materialized_until"]
             bound = datetime.fromisoformat(str(until)) if until else START - timedelta(days=1)
-            ends = name == "top_per_5"  # shows window_end; busy_per_15 shows window_start
-            width = timedelta(minutes=5) if ends else timedelta(0)
+            width = ARCHIVED[name][1]
             rows = [r for r in rows if r[2] - width < bound]
         return sorted(rows, key=repr)
 
@@ -156,12 +173,15 @@ def test_closed_windows_are_archived_and_late_data_repaired_across_two_levels(
     streams.ingest([rng.uniform(0, 60) for _ in range(300)] + [60.0], rng)
     with psycopg.connect(strata.database_url, autocommit=True) as connection:
         assert streams.wrong(connection) == []
-        # Watermark at 60 minutes: top_per_5 has 12 closed windows, busy_per_15 4.
+        # Watermark at 60 minutes: top_per_5 has 12 closed windows, busy_per_15 4, leaders
+        # 60 (up to two campaigns each).
         while sum(streams.materializer.run_once().values()):
             pass
         for name in SERIAL:
             assert streams.archive(name) == streams.expected(name, archived=True)
         assert len(streams.archive("top_per_5")) == 12
+        assert len({row[2] for row in streams.archive("leaders")}) == 60
+        assert 60 < len(streams.archive("leaders")) <= 120
         assert streams.state("top_per_5")["materialized_until"] == "2024-06-01T01:00:00+00:00"
         assert streams.state("top_per_5")["windows_materialized"] == 12
         assert streams.state("busy_per_15")["materialized_until"] == "2024-06-01T01:00:00+00:00"
@@ -189,12 +209,16 @@ def test_closed_windows_are_archived_and_late_data_repaired_across_two_levels(
         ) == [
             ("busy_per_15", START, 40),
             ("busy_per_15", START + timedelta(minutes=30), 40),
+            ("leaders", START + timedelta(minutes=6), 40),
+            ("leaders", START + timedelta(minutes=33), 40),
             ("top_per_5", START + timedelta(minutes=5), 40),
             ("top_per_5", START + timedelta(minutes=30), 40),
         ]
         assert streams.state("top_per_5")["windows_awaiting_repair"] == 2
+        # z leads those two minutes now.
+        assert ("z", 40, START + timedelta(minutes=7)) in streams.expected("leaders")
 
-        assert streams.repairer.run_once() == {"top_per_5": 2, "busy_per_15": 2}
+        assert streams.repairer.run_once() == {"top_per_5": 2, "busy_per_15": 2, "leaders": 2}
         for name in SERIAL:
             assert streams.archive(name) == streams.expected(name, archived=True)
         assert strata.query("SELECT count(*) FROM strata_catalog.corrections") == [(0,)]

@@ -251,6 +251,21 @@ def test_top_n_refusals_name_the_construct(module_strata: Strata) -> None:
         f"SELECT count(*) AS c, window_start FROM TUMBLE(top_{n}, t, INTERVAL '1 hour') "
         "GROUP BY window_start"
     )
+    # Kept per window of an aggregate stream: not a source either.
+    strata.create(
+        f"CREATE STREAM per_{n} AS SELECT auction, count(*) AS c, window_end AS t "
+        f"FROM TUMBLE(b_{n}, t, INTERVAL '1 minute') GROUP BY auction, window_end"
+    )
+    strata.create(
+        f"CREATE STREAM lead_{n} AS SELECT auction, c, t FROM (SELECT auction, c, t, "
+        f"ROW_NUMBER() OVER (PARTITION BY t ORDER BY c DESC, auction) AS rn FROM per_{n}) x "
+        "WHERE rn <= 1"
+    )
+    assert strata.client.get(f"/streams/lead_{n}").json()["parallelism"] == "SP"
+    assert "keeps the first rows of each window" in refused(
+        f"SELECT count(*) AS n, window_end FROM TUMBLE(lead_{n}, t, INTERVAL '1 hour') "
+        "GROUP BY window_end"
+    )
     # DISTINCT ON: which row of each key must be said, as PostgreSQL orders it.
     assert "arbitrary row per key" in refused(f"SELECT DISTINCT ON (auction) * FROM b_{n}")
     assert "must match initial ORDER BY" in refused(

@@ -941,3 +941,64 @@ def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrad
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
     assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__partial") == [(0,)]
     assert exact()
+
+
+def test_top_n_streams_keep_their_windows_after_the_upgrade(strata: Strata) -> None:
+    """0026 keeps a top-N stream that ranks each window of an aggregate stream as a serial
+    stream: the upgrade makes its archive and function and replaces its view (windows
+    ranked on read until the materializer archives them); the downgrade gives back the
+    view the previous release ranked on read and drops the archive and its serial state.
+    Exact throughout, with windows archived, corrected by late rows, and neither."""
+    strata.create("CREATE STREAM tv (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        "CREATE STREAM tv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(tv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+    strata.create(
+        "CREATE STREAM tv_top AS SELECT campaign, n, t FROM (SELECT campaign, n, t, "
+        "ROW_NUMBER() OVER (PARTITION BY t ORDER BY n DESC, campaign) AS rn FROM tv_minute) x "
+        "WHERE rn <= 2"
+    )
+    engine, plans = strata.service.engine, strata.service.plans
+    rng = random.Random(17)
+    strata.ingest("tv", clicks(rng, 20))
+    assert sum(Materializer(engine, plans).run_once().values()) > 0
+    strata.ingest("tv", clicks(rng, 15, rows=60))  # late rows into archived windows
+    oracle = (
+        "SELECT campaign, n, w + interval '1 minute' FROM (SELECT campaign, n, w, "
+        "row_number() OVER (PARTITION BY w ORDER BY n DESC, campaign) AS r FROM (SELECT "
+        "campaign, count(*) AS n, date_bin('1 minute', t, timestamptz 'epoch') AS w FROM tv "
+        "GROUP BY 1, 3) c) x WHERE r <= 2"
+    )
+    archive = f"{naming.INTERNAL_SCHEMA}.{naming.serial_archive_table('tv_top')}"
+
+    def exact() -> bool:
+        return sorted(strata.query("SELECT * FROM tv_top")) == sorted(strata.query(oracle))
+
+    def kept() -> bool:
+        made = strata.query("SELECT to_regclass(%s) IS NOT NULL", archive)[0][0]
+        view = strata.query("SELECT pg_get_viewdef('tv_top'::regclass)")[0][0]
+        assert made == (naming.serial_archive_table("tv_top") in view)
+        return bool(made)
+
+    def corrected() -> int:
+        return int(
+            strata.query("SELECT count(*) FROM strata_catalog.corrections WHERE stream = 'tv_top'")[
+                0
+            ][0]
+        )
+
+    assert kept() and corrected() > 0 and exact()
+    downgrade_to(engine, "0025")
+    assert not kept() and corrected() == 0 and exact()
+    assert strata.query("SELECT count(*) FROM strata_catalog.serial_progress") == [(0,)]
+    migrate(engine)
+    assert kept() and exact()
+    assert strata.query(f"SELECT count(*) FROM {archive}") == [(0,)]  # type: ignore[arg-type]
+    Materializer(engine, plans).run_once()
+    Repairer(engine, plans).run_once()
+    assert strata.query(f"SELECT count(*) FROM {archive}")[0][0] > 0  # type: ignore[arg-type]
+    strata.ingest("tv", clicks(rng, 15, rows=30))  # late again, after the upgrade
+    assert corrected() > 0 and exact()
+    Repairer(engine, plans).run_once()
+    assert corrected() == 0 and exact()
