@@ -32,7 +32,13 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.build_serial import serial_plan, window_start
 from rewriter.ddl import create_view, drop, table
-from rewriter.derived_select import check_shown_time, column_names, output_name, output_names
+from rewriter.derived_select import (
+    check_shown_time,
+    column_names,
+    is_star,
+    output_name,
+    output_names,
+)
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     JoinStreamPlan,
@@ -186,9 +192,7 @@ def _materialized(
     )
     items: list[exp.Expr] = []
     for item in per_window.expressions:
-        if isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
+        if is_star(item):
             items += [exp.column(n, table=subquery.alias, quoted=True) for n in inner_names]
         else:
             items.append(item.this if isinstance(item, exp.Alias) else item)
@@ -223,9 +227,7 @@ def _materialized(
 def _ranks_it_as_is(ranked: exp.Select, column: str) -> bool:
     """Whether the ranking passes the source's ``column`` through unchanged."""
     for item in ranked.expressions:
-        if isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
+        if is_star(item):
             return True
         if output_name(item) == column:
             value = item.this if isinstance(item, exp.Alias) else item

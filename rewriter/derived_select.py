@@ -334,13 +334,18 @@ def column_names(plan: StreamPlan) -> list[str]:
     return [c.name for c in plan.columns]
 
 
+def is_star(item: exp.Expr) -> bool:
+    """Whether a select item is ``*`` or ``x.*``."""
+    return isinstance(item, exp.Star) or (
+        isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+    )
+
+
 def output_names(select: exp.Select, star: list[str]) -> list[str]:
     """The names of ``select``'s columns, a ``*`` (or ``x.*``) standing for ``star``."""
     names: list[str] = []
     for item in select.expressions:
-        if isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
+        if is_star(item):
             names += star
         else:
             names.append(output_name(item))
