@@ -156,6 +156,12 @@ class SerialAggregatePlan(WindowedAggregatePlan):
 
     serial: SerialStatements
 
+    @property
+    def ranks_windows(self) -> bool:
+        """Whether it keeps the first rows of each window (a top-N, rewriter.build_top_n),
+        which show no window column of their own and no key, not a row per window."""
+        return not any(o.role in ("window_start", "window_end") for o in self.outputs)
+
 
 @dataclass(frozen=True)
 class ProjectionBranch:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from rewriter import naming
 from rewriter.errors import UnknownSource, UnsupportedSQL
 from rewriter.plan import (
     OnReadStreamPlan,
@@ -247,9 +246,7 @@ def _windowable(source: StreamPlan) -> RowStreamPlan | WindowedAggregatePlan:
             f"{source.name!r} is computed on read ({source.parallelism_reason}); streams are "
             "not built on it"
         )
-    if isinstance(source, SerialAggregatePlan) and not any(
-        o.role in (naming.WINDOW_START_COLUMN, naming.WINDOW_END_COLUMN) for o in source.outputs
-    ):
+    if isinstance(source, SerialAggregatePlan) and source.ranks_windows:
         raise UnsupportedSQL(
             f"{source.name!r} keeps the first rows of each window of {source.source!r} "
             f"({source.parallelism_reason.removeprefix('serial: ')}); streams are not built "

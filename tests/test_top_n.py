@@ -266,6 +266,10 @@ def test_top_n_refusals_name_the_construct(module_strata: Strata) -> None:
         f"SELECT count(*) AS n, window_end FROM TUMBLE(lead_{n}, t, INTERVAL '1 hour') "
         "GROUP BY window_end"
     )
+    # Nor followed by the change feed, which tells an aggregate's rows apart by window and
+    # key: the first N of a window have no key of their own.
+    feed = strata.client.get(f"/streams/lead_{n}/changes")
+    assert feed.status_code == 400 and "aggregate streams" in feed.json()["error"]
     # DISTINCT ON: which row of each key must be said, as PostgreSQL orders it.
     assert "arbitrary row per key" in refused(f"SELECT DISTINCT ON (auction) * FROM b_{n}")
     assert "must match initial ORDER BY" in refused(

@@ -44,7 +44,9 @@ PRUNE_EVERY = 256
 
 def refusal(plan: StreamPlan) -> str | None:
     """Why the feed cannot follow ``plan``'s view, or None if it can."""
-    if not isinstance(plan, FollowedPlan):
+    if not isinstance(plan, FollowedPlan) or (
+        isinstance(plan, SerialAggregatePlan) and plan.ranks_windows
+    ):
         return (
             f"the change feed follows aggregate streams (CREATE STREAM ... AS SELECT ... "
             f"GROUP BY ...); {plan.name!r} is a {plan.kind} stream of another kind"
