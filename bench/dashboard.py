@@ -12,8 +12,9 @@ What it does, in one process:
    (count and revenue per campaign and minute); ``per_5``, its 5-minute roll-up; ``hop``
    (count per campaign over sliding 5-minute windows); ``top_per_5`` (MAX over
    ``per_minute``'s count: serial); ``sketch`` (approx_percentile and
-   approx_count_distinct per campaign and hour); ``leaders`` (top 10 campaigns a minute)
-   and ``running`` (each campaign's running total), views over ``per_minute``; ``visits``
+   approx_count_distinct per campaign and hour); ``leaders`` (top 10 campaigns a minute,
+   kept per minute: serial) and ``running`` (each campaign's running total, on read),
+   both over ``per_minute``; ``visits``
    (sessions, computed on read from ``ev``'s raw rows); and ``by_owner`` (an aggregate
    joined with the table ``owners``, which gives each campaign one of 20 owners);
 3. fills every parallel stream's partial archive, as Spark would have written it, with one
@@ -22,13 +23,14 @@ What it does, in one process:
    campaign every 10 minutes (RAW_FILL), and sets ``ev``'s watermark to the span's end so
    that every window is closed;
 4. phase "caught up": runs the reducer and the materializer until they have nothing left
-   to do (VACUUM ANALYZE after each, as autovacuum would);
+   to do (VACUUM ANALYZE after each, as autovacuum would): every serial window is
+   archived, where a live system has its newest window open and computes it on read;
 5. phase "late": adds late partial rows from 4 more runs (21..24, 20% of the runs), each
    for all campaigns and every window of one of 4 random slices of the span, into every
    parallel stream's partial archive (and a click per campaign every 10 minutes of the
    slice into ``ev``'s raw archive, each joining a session), records the corrections they
-   make to ``top_per_5``'s materialized windows (as a run's commit would), and reduces
-   nothing;
+   make to the serial streams' materialized windows (as a run's commit would), and
+   reduces nothing;
 6. phase "folded": wakes the reducer (folding STRATA_REDUCE_CONCURRENCY streams at once,
    as by default) and the repairer, as the late runs' commit does (server/runtime.py
    wires it), and times how long from then until no serial window
@@ -61,6 +63,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from bench.harness.catalog import register
 from bench.harness.database import Measurement, measure, scalar, scratch_database
@@ -73,7 +76,7 @@ from rewriter.naming import (
     raw_archive_table,
     serial_archive_table,
 )
-from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from rewriter.plan import ParallelAggregatePlan, SerialAggregatePlan, StreamPlan
 from rewriter.tables import TableColumn, TableSchema
 from server.catalog import PlanCache, create_catalog_engine
 from server.settings import DEFAULTS
@@ -286,6 +289,10 @@ def parallel_plans(plans: dict[str, StreamPlan]) -> list[ParallelAggregatePlan]:
     return [p for p in plans.values() if isinstance(p, ParallelAggregatePlan)]
 
 
+def serial_plans(plans: dict[str, StreamPlan]) -> list[SerialAggregatePlan]:
+    return [p for p in plans.values() if isinstance(p, SerialAggregatePlan)]
+
+
 def _runs(
     span: Span, windows: int, late: tuple[int, int] | None
 ) -> tuple[str, tuple[datetime, datetime]]:
@@ -356,19 +363,22 @@ def internal_rows(conn: psycopg.Connection, table: str) -> int:
 
 def shape(conn: psycopg.Connection, plans: dict[str, StreamPlan]) -> str:
     """Rows waiting in each partial archive and reduced in each consolidated table, and the
-    serial stream's archived windows."""
+    serial streams' archived rows."""
     counts = ", ".join(
         f"{p.name} {internal_rows(conn, partial_archive_table(p.name)):,}"
         f"/{internal_rows(conn, consolidated_table(p.name)):,}"
         for p in parallel_plans(plans)
     )
-    windows = internal_rows(conn, serial_archive_table("top_per_5"))
-    return f"partial/reduced rows {counts}; top_per_5 windows archived {windows}"
+    archived = ", ".join(
+        f"{p.name} {internal_rows(conn, serial_archive_table(p.name)):,}"
+        for p in serial_plans(plans)
+    )
+    return f"partial/reduced rows {counts}; serial rows archived {archived}"
 
 
 def catch_up(conn: psycopg.Connection, url: str) -> None:
     """The reducer folds every partial row, then the materializer archives every closed
-    window of the serial stream, each until it has nothing left to do."""
+    window of the serial streams, each until it has nothing left to do."""
     engine = create_catalog_engine(url)
     try:
         for worker in (
@@ -387,21 +397,25 @@ def catch_up(conn: psycopg.Connection, url: str) -> None:
 def add_late_runs(
     conn: psycopg.Connection, plans: dict[str, StreamPlan], span: Span, groups: int
 ) -> list[int]:
-    """Late runs 21..24 for 4 random slices; records the corrections of ``top_per_5``'s
-    materialized windows that ``per_minute``'s late rows reach, as their commit would.
-    Returns the slices."""
+    """Late runs 21..24 for 4 random slices; records the corrections of the serial
+    streams' materialized windows that their source's late rows reach, as their commit
+    would. Returns the slices."""
     slices = sorted(random.Random(SEED).sample(range(RUNS), LATE_RUNS))
     for offset, index in enumerate(slices):
         for plan in parallel_plans(plans):
             fill(conn, plan, span, groups, late=(index, RUNS + 1 + offset))
         fill_raw(conn, span, groups, late=(index, RUNS + 1 + offset))
-    conn.execute(
-        "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, noted_at) "
-        "SELECT 'top_per_5', date_bin('5 minutes', window_start + interval '1 minute', %s), "
-        "count(*), now() FROM strata_internal.per_minute__partial WHERE strata_run > %s "
-        "GROUP BY 2",
-        (DAY, RUNS),
-    )
+    for serial in serial_plans(plans):
+        # The window of each late partial row of the source, as record_corrections places
+        # it: the serial window its source window starts in.
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, "
+                "noted_at) SELECT %s, date_bin(make_interval(secs => %s), window_start, %s), "
+                "count(*), now() FROM {} WHERE strata_run > %s GROUP BY 2"
+            ).format(sql.Identifier(INTERNAL_SCHEMA, partial_archive_table(serial.source))),
+            (serial.name, serial.window_size_us / 1e6, DAY, RUNS),
+        )
     vacuum(conn)
     return slices
 
