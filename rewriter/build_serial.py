@@ -134,10 +134,10 @@ def _source_reaches(window: WindowSpec, bound: exp.Expr) -> exp.Expr | None:
 
 
 def _bounds(stream: exp.Expr) -> exp.Expr:
-    """One row: the end of the materialized windows (until), the windows awaiting repair
-    (corrected), the first and last of them (NULL when there are none) and the same
-    windows as a multirange (ranges), which a row is checked against by binary search
-    where ANY over the array compares it with every window."""
+    """One row: the end of the materialized windows (until), the first and last of the
+    windows awaiting repair (lowest, highest; NULL when there are none) and those windows
+    as a multirange (ranges), which a row is checked against by binary search where ANY
+    over their array compares it with every window."""
     state = exp.select(
         exp.alias_(exp.func("strata_serial_until", stream), "until"),
         exp.alias_(exp.func("strata_serial_corrected", stream.copy()), "corrected"),
@@ -162,7 +162,6 @@ def _bounds(stream: exp.Expr) -> exp.Expr:
     return (
         exp.select(
             exp.column("until", table="state"),
-            exp.column("corrected", table="state"),
             exp.alias_(over_corrected(exp.Min(this=exp.column("w"))), "lowest"),
             exp.alias_(over_corrected(exp.Max(this=exp.column("w"))), "highest"),
             exp.alias_(over_corrected(_ranges_of(exp.column("w"))), "ranges"),
@@ -184,9 +183,9 @@ def _in_ranges(window_start: exp.Expr, ranges: exp.Expr) -> exp.Expr:
 
 
 def _listed_bounds(windows: exp.Expr, start: exp.Expr, end: exp.Expr) -> exp.Expr:
-    """One row, computed once per statement: the windows ``windows`` (an array) names
-    (listed, and as a multirange: ranges), the first and last of them (lowest, highest),
-    and ``start`` and ``end`` (range_from, range_to). Read from this row, not from the
+    """One row, computed once per statement: the windows ``windows`` (an array) names as a
+    multirange (ranges), the first and last of them (lowest, highest), and ``start`` and
+    ``end`` (range_from, range_to). Read from this row, not from the
     settings in the query's conditions, which PostgreSQL would evaluate (parse an array of
     timestamps) once per source row: a repair of 60 windows spent 25 of its 26 s doing so."""
 
@@ -199,7 +198,6 @@ def _listed_bounds(windows: exp.Expr, start: exp.Expr, end: exp.Expr) -> exp.Exp
         exp.select(
             edge(exp.Min),
             edge(exp.Max),
-            exp.alias_(windows.copy(), "listed"),
             exp.alias_(_ranges_of(exp.column("w")), "ranges"),
             exp.alias_(start, "range_from"),
             exp.alias_(end, "range_to"),
