@@ -60,7 +60,13 @@ def _made(driver: psycopg.Connection, plan: StreamPlan) -> bool:
 
 def index_statements(plan: StreamPlan) -> list[exp.Create]:
     """``plan``'s CREATE INDEX statements, to run again (IF NOT EXISTS) or to name what
-    a downgrade drops; its function statements, which sqlglot does not read, skipped."""
+    a downgrade drops."""
+    return create_statements(plan, "INDEX")
+
+
+def create_statements(plan: StreamPlan, *kinds: str) -> list[exp.Create]:
+    """``plan``'s CREATE statements of ``kinds`` (TABLE, INDEX, ...), in order; its function
+    statements, which sqlglot does not read, skipped."""
     import sqlglot
     from sqlglot import exp
 
@@ -71,7 +77,7 @@ def index_statements(plan: StreamPlan) -> list[exp.Create]:
         if statement.startswith(CREATE_FUNCTION):
             continue
         create = sqlglot.parse_one(statement, read="postgres")
-        if isinstance(create, exp.Create) and create.kind == "INDEX":
+        if isinstance(create, exp.Create) and create.kind in kinds:
             creates.append(create)
     return creates
 

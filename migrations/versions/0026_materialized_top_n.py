@@ -31,24 +31,17 @@ SERIAL_STATE = ("serial_progress", "corrections", "window_revisions", "stream_wi
 
 
 def upgrade() -> None:
-    import sqlglot
     from alembic import op
-    from sqlglot import exp
 
-    from migrations.plans import replace_views, stored_plans
-    from rewriter.ddl import CREATE_FUNCTION
+    from migrations.plans import create_statements, replace_views, stored_plans
     from rewriter.plan import SerialAggregatePlan
     from server.catalog import PlanCache, record_windows
 
     driver, plans = stored_plans(SerialAggregatePlan)
     for plan in plans.values():
-        for statement in plan.create_statements:
-            if statement.startswith(CREATE_FUNCTION):
-                continue
-            create = sqlglot.parse_one(statement, read="postgres")
-            if isinstance(create, exp.Create) and create.kind in ("TABLE", "INDEX"):
-                create.set("exists", True)
-                driver.execute(create.sql("postgres"))
+        for create in create_statements(plan, "TABLE", "INDEX"):
+            create.set("exists", True)
+            driver.execute(create.sql("postgres"))
     replace_views(SerialAggregatePlan)
     connection = op.get_bind()
     record_windows(connection, {n: r.plan for n, r in PlanCache().load(connection).items()})
