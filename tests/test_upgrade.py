@@ -159,6 +159,16 @@ def clicks(rng: random.Random, minutes: float, rows: int = 200) -> str:
     )
 
 
+def clicks_per_minute(strata: Strata, raw: str, minute: str) -> None:
+    """The raw stream ``raw`` of clicks (as ``clicks`` makes them) and the stream ``minute``
+    of their count per campaign and minute (shown as its window end, ``t``)."""
+    strata.create(f"CREATE STREAM {raw} (campaign text, t timestamptz) WITH (event_time = 't')")
+    strata.create(
+        f"CREATE STREAM {minute} AS SELECT campaign, count(*) AS n, window_end AS t "
+        f"FROM TUMBLE({raw}, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
+    )
+
+
 def downgrade_to(engine: sa.Engine, revision: str) -> None:
     """Run the migrations' downgrades down to ``revision``, on a running server's
     database."""
@@ -703,11 +713,7 @@ def test_existing_streams_keep_their_column_names_after_the_naming_change(
 def test_downgrading_below_the_consolidated_tables_keeps_views_exact(strata: Strata) -> None:
     """The views 0013's downgrade leaves merge the consolidated rows with the unreduced ones
     on read, and upgrading again reads the consolidated tables as before."""
-    strata.create("CREATE STREAM ev (campaign text, t timestamptz) WITH (event_time = 't')")
-    strata.create(
-        "CREATE STREAM per_minute AS SELECT campaign, count(*) AS n, window_end AS t "
-        "FROM TUMBLE(ev, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-    )
+    clicks_per_minute(strata, "ev", "per_minute")
     strata.create(
         "CREATE STREAM sliding AS SELECT campaign, count(*) AS n, window_start FROM "
         "HOP(ev, t, INTERVAL '1 minute', INTERVAL '3 minutes') GROUP BY campaign, window_start"
@@ -748,11 +754,7 @@ def test_the_key_index_of_reduced_windows_comes_with_the_upgrade(strata: Strata)
     """A data dir at 0021 has no index on its reduced windows' keys and window end; 0022
     builds it over the windows already reduced, and its downgrade drops it (the release
     before does not name it), the views exact throughout."""
-    strata.create("CREATE STREAM kv (campaign text, t timestamptz) WITH (event_time = 't')")
-    strata.create(
-        "CREATE STREAM kv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
-        "FROM TUMBLE(kv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-    )
+    clicks_per_minute(strata, "kv", "kv_minute")
     strata.create(
         "CREATE STREAM kv_all AS SELECT count(*) AS n, window_end AS t "
         "FROM TUMBLE(kv, t, INTERVAL '1 minute') GROUP BY window_end"
@@ -788,11 +790,7 @@ def test_serial_views_call_their_function_after_the_upgrade(strata: Strata) -> N
     and replaces the view; its downgrade puts the function's query back in the view (what
     the previous release read) and drops the function. Exact throughout, with windows
     archived, awaiting repair and not yet archived."""
-    strata.create("CREATE STREAM sv (campaign text, t timestamptz) WITH (event_time = 't')")
-    strata.create(
-        "CREATE STREAM sv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
-        "FROM TUMBLE(sv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-    )
+    clicks_per_minute(strata, "sv", "sv_minute")
     strata.create(
         "CREATE STREAM sv_top AS SELECT max(n) AS top, window_end AS t "
         "FROM TUMBLE(sv_minute, t, INTERVAL '5 minutes') GROUP BY window_end"
@@ -888,11 +886,7 @@ def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrad
     for the reducer with, and replaces the view; its downgrade puts back what the previous
     release read there (SELECT DISTINCT over the partial archive) and drops the function.
     Exact throughout, with windows reduced, waiting, and both in one window (late rows)."""
-    strata.create("CREATE STREAM wv (campaign text, t timestamptz) WITH (event_time = 't')")
-    strata.create(
-        "CREATE STREAM wv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
-        "FROM TUMBLE(wv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-    )
+    clicks_per_minute(strata, "wv", "wv_minute")
     strata.create(
         "CREATE STREAM wv_hop AS SELECT count(*) AS n, window_end AS t "
         "FROM HOP(wv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
@@ -949,11 +943,7 @@ def test_top_n_streams_keep_their_windows_after_the_upgrade(strata: Strata) -> N
     ranked on read until the materializer archives them); the downgrade gives back the
     view the previous release ranked on read and drops the archive and its serial state.
     Exact throughout, with windows archived, corrected by late rows, and neither."""
-    strata.create("CREATE STREAM tv (campaign text, t timestamptz) WITH (event_time = 't')")
-    strata.create(
-        "CREATE STREAM tv_minute AS SELECT campaign, count(*) AS n, window_end AS t "
-        "FROM TUMBLE(tv, t, INTERVAL '1 minute') GROUP BY campaign, window_end"
-    )
+    clicks_per_minute(strata, "tv", "tv_minute")
     strata.create(
         "CREATE STREAM tv_top AS SELECT campaign, n, t FROM (SELECT campaign, n, t, "
         "ROW_NUMBER() OVER (PARTITION BY t ORDER BY n DESC, campaign) AS rn FROM tv_minute) x "
