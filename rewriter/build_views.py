@@ -348,10 +348,17 @@ def reduce_statement(name: str, split: SplitQuery, window: WindowSpec) -> str:
         )
         .from_(merged_rows)
         .group_by(*_group_columns(split))
+        .order_by(*_group_columns(split))
     )
+    # Both tables in window and key order (sorted once, in folded), so that a window's rows
+    # are a range of pages: the merge on read fetches a waiting window's states through
+    # the index on the window start, which over states in the fold's hash order touched a
+    # page per row (a fifth of a day of 1,000 campaigns late: 290,000 pages a read).
     states_columns = [c for c, _ in _states_columns(split)]
     store_states = exp.insert(
-        exp.select(*(exp.column(c) for c in states_columns)).from_("folded"),
+        exp.select(*(exp.column(c) for c in states_columns))
+        .from_("folded")
+        .order_by(*_group_columns(split)),
         table(naming.consolidated_states_table(name)),
         columns=states_columns,
     )
