@@ -198,6 +198,13 @@ def _function_name(prefix: str, stream: str) -> str:
     return fit(f"{prefix}_{slug}_{digest}")
 
 
+# Columns of an aggregate stream's view under its outputs (the UNION ALL of consolidated
+# rows read as they are and rows merged on read): each row's window start, and whether it
+# is a consolidated row read as it is (rewriter/build_views.py view_query). A '$' keeps them
+# apart from every column name a stream may have (check_column_name), so they are quoted.
+VIEW_WINDOW_COLUMN = "strata$window_start"
+VIEW_STORED_COLUMN = "strata$stored"
+
 # Column of a serial archive holding the start of the window a row belongs to.
 SERIAL_WINDOW_COLUMN = "strata_window"
 # Transaction-local settings passing the windows to the serial statements (their SQL embeds

@@ -190,14 +190,17 @@ def test_an_aggregate_over_a_join_is_a_join_stream_and_an_aggregate_over_it() ->
     assert plan.source == "spend__rows"
     # Reduced windows read as they are kept; the others merge the join's partials on read.
     view = sqlglot.parse_one(plan.view_query, read="postgres")
-    assert isinstance(view, sqlglot.exp.Union)
-    reduced, merged = (part.sql("postgres").lower() for part in (view.this, view.expression))
+    union = view.find(sqlglot.exp.Union)
+    assert union is not None
+    reduced, merged = (part.sql("postgres").lower() for part in (union.this, union.expression))
     assert reduced.startswith(
-        'select key_0 as "owner", final_0 as "revenue", window_end as "t" '
+        'select key_0 as "owner", final_0 as "revenue", window_end as "t", '
+        'c.window_start as "strata$window_start", true as "strata$stored" '
         'from "strata_internal"."spend__reduced"'
     )
     assert merged.startswith(
         'select key_0 as "owner", cast(sum(agg_0_sum) as decimal) as "revenue", '
-        "window_start + interval '1 minute' as \"t\" from (select window_start, key_0, "
+        'window_start + interval \'1 minute\' as "t", window_start as "strata$window_start", '
+        'false as "strata$stored" from (select window_start, key_0, '
         'agg_0_sum from "strata_internal"."spend__partial"'
     )

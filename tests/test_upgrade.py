@@ -937,6 +937,82 @@ def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrad
     assert exact()
 
 
+def test_aggregate_views_read_consolidated_rows_as_a_plain_table_after_the_upgrade(
+    strata: Strata,
+) -> None:
+    """0027 replaces each aggregate stream's view with one whose consolidated rows are a
+    UNION ALL branch without WHERE, which PostgreSQL scans as a plain table (no subquery
+    scan node over it); its downgrade puts the filter back in that branch. Exact throughout,
+    tumbling, HOP and HAVING alike, with windows reduced, waiting, and both (late rows)."""
+    clicks_per_minute(strata, "fv", "fv_minute")
+    strata.create(
+        "CREATE STREAM fv_hop AS SELECT count(*) AS n, window_end AS t "
+        "FROM HOP(fv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
+    )
+    strata.create(
+        "CREATE STREAM fv_busy AS SELECT campaign, count(*) AS n, window_end AS t "
+        "FROM TUMBLE(fv, t, INTERVAL '1 minute') GROUP BY campaign, window_end "
+        "HAVING count(*) > 1"
+    )
+    rng = random.Random(19)
+    strata.ingest("fv", clicks(rng, 20))
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    strata.ingest("fv", clicks(rng, 30))  # late rows into reduced windows, and new windows
+    minute = "date_bin('1 minute', t, timestamptz 'epoch')"
+    oracles = {
+        "fv_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM fv "
+        "GROUP BY 1, 3",
+        "fv_hop": f"SELECT count(*), e FROM fv, LATERAL (SELECT {minute} + interval '1 minute' "
+        "* k AS e FROM generate_series(1, 2) k) w GROUP BY e",
+        "fv_busy": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM fv "
+        "GROUP BY 1, 3 HAVING count(*) > 1",
+    }
+    assert strata.query("SELECT count(*) FROM strata_internal.fv_minute__partial")[0][0] > 0
+
+    def flattened() -> list[bool]:
+        return [
+            naming.VIEW_STORED_COLUMN
+            in strata.query("SELECT pg_get_viewdef(%s::regclass)", v)[0][0]
+            for v in oracles
+        ]
+
+    def exact() -> bool:
+        return all(
+            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(oracles[v]))
+            for v in oracles
+        )
+
+    assert flattened() == [True, True, True] and exact()
+    downgrade_to(strata.service.engine, "0026")
+    assert flattened() == [False, False, False] and exact()
+    migrate(strata.service.engine)
+    assert flattened() == [True, True, True] and exact()
+    strata.ingest("fv", clicks(rng, 10))  # late again, after the upgrade
+    assert exact()
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert strata.query("SELECT count(*) FROM strata_internal.fv_minute__partial") == [(0,)]
+    assert exact()
+    # Caught up, the consolidated table is scanned as it is, under no subquery scan node
+    # (a HAVING stays in its branch: it filters the consolidated rows themselves).
+    for view, scanned in (("fv_minute", True), ("fv_hop", True), ("fv_busy", False)):
+        lines = [r[0] for r in strata.query(f"EXPLAIN SELECT * FROM {view}")]
+        parent = _parent_node(lines, f" on {view}__reduced c ")
+        assert ("Subquery Scan" not in parent) == scanned, "\n".join(lines)
+
+
+def _parent_node(lines: list[str], scan: str) -> str:
+    """The node of an EXPLAIN plan (its lines) right above the one whose line holds ``scan``:
+    the nearest line before it indented less."""
+    found = next(i for i, line in enumerate(lines) if scan in line)
+    depth = len(lines[found]) - len(lines[found].lstrip(" ->"))
+    return next(
+        line
+        for line in reversed(lines[:found])
+        if line.lstrip().startswith("->") or line == lines[0]
+        if len(line) - len(line.lstrip(" ->")) < depth
+    )
+
+
 def test_top_n_streams_keep_their_windows_after_the_upgrade(strata: Strata) -> None:
     """0026 keeps a top-N stream that ranks each window of an aggregate stream as a serial
     stream: the upgrade makes its archive and function and replaces its view (windows

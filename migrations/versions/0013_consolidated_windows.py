@@ -60,6 +60,7 @@ def downgrade() -> None:
     on read, the unreduced ones and the consolidated ones (their states), so they stay
     exact while that release's reducer folds the partial archive alone. The consolidated
     tables stay, with what they held; upgrading again reads them as before."""
+    from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
     from server.catalog import PlanCache
 
@@ -69,8 +70,15 @@ def downgrade() -> None:
     for name, record in PlanCache().load(connection, versioned=False).items():
         if isinstance(record.plan, ParallelAggregatePlan):
             view = sqlglot.parse_one(record.plan.view_query, read="postgres")
-            if isinstance(view, exp.Union):  # consolidated rows as they are, then merged ones
-                merged = view.expression
+            # Consolidated rows as they are, then merged ones (since 0027 under a filter, each
+            # with the columns it filters on after the outputs).
+            union = view if isinstance(view, exp.Union) else view.find(exp.Union)
+            if union is not None:
+                merged = union.expression
+                hidden = (naming.VIEW_WINDOW_COLUMN, naming.VIEW_STORED_COLUMN)
+                merged.set(
+                    "expressions", [e for e in merged.expressions if e.alias_or_name not in hidden]
+                )
                 partials = merged.find(exp.Union)
                 assert partials is not None
                 partials.expression.set("where", None)  # every consolidated row, merged
