@@ -36,7 +36,10 @@ What it does, in one process:
    wires it), and times how long from then until no serial window
    waits for its repair, and until no partial row waits for a fold either: the time from
    a late run's commit until its windows read at caught-up speed again;
-7. in each phase, for each query of QUERIES: ``CREATE TABLE plain_<view> AS SELECT * FROM
+7. phase "live": adds an on-time run (25) into the newest window of every stream, for
+   every campaign, and reduces nothing: what a live system reads all the time, its open
+   window taking runs between the reducer's folds (its goal is caught up's);
+8. in each phase, for each query of QUERIES: ``CREATE TABLE plain_<view> AS SELECT * FROM
    <view>`` indexed on (t, campaign) or (t) (window_start for sessions), and times the
    query on the view and on the plain table (median of ``--repeat`` after one untimed
    run); both must give identical rows, or the benchmark fails.
@@ -91,7 +94,8 @@ RUNS = 20  # on-time runs, each covering 1/RUNS of the span
 LATE_RUNS = 4  # late runs 21..24, each for one slice of the span
 SEED = 2024
 # The view's median / the plain table's, at most.
-GOALS = {"caught up": 1.5, "late": 3.0, "folded": 1.5}
+GOALS = {"caught up": 1.5, "late": 3.0, "folded": 1.5, "live": 1.5}
+LIVE_RUN = RUNS + LATE_RUNS + 1  # the on-time run into the newest windows (phase "live")
 STREAMS = {
     "ev": "CREATE STREAM ev (campaign text, user_id bigint, price double precision, "
     "t timestamptz) WITH (event_time = 't')",
@@ -297,10 +301,13 @@ def serial_plans(plans: dict[str, StreamPlan]) -> list[SerialAggregatePlan]:
 
 
 def _runs(
-    span: Span, windows: int, late: tuple[int, int] | None
+    span: Span, windows: int, late: tuple[int, int] | None, newest: timedelta | None = None
 ) -> tuple[str, tuple[datetime, datetime]]:
     """The run of each filled row (SQL over the window number w: on time, the run whose
-    slice holds the window; late, the late run) and the range of window starts filled."""
+    slice holds the window; late, the late run; ``newest``: LIVE_RUN, into the windows
+    starting in the span's last ``newest``) and the range of window starts filled."""
+    if newest is not None:
+        return str(LIVE_RUN), (span.end - newest, span.end)
     if late is None:
         return f"w * {RUNS} / {windows} + 1", (DAY, span.end)
     return str(late[1]), span.slice(late[0])
@@ -313,9 +320,10 @@ def fill(
     groups: int,
     *,
     late: tuple[int, int] | None = None,  # (slice, run): a late run's rows for one slice
+    newest: bool = False,  # LIVE_RUN's rows for the newest window
 ) -> None:
     """Partial rows for every window and campaign of the span (on time: from the run of
-    the window's slice), or of one slice (late)."""
+    the window's slice), or of one slice (late), or of the newest window (LIVE_RUN)."""
     states = {s.column: s.name for a in plan.aggregates for s in a.states}
     unknown = set(states.values()) - set(STATES)
     if unknown:
@@ -324,8 +332,8 @@ def fill(
     windows = int(timedelta(hours=span.hours) / step)
     key = next(c for c, _ in plan.partial_columns if c.startswith("key_"))
     columns = ["strata_run", "window_start", key, *states]
-    run, (lo, hi) = _runs(span, windows, late)
-    salt = 0 if late is None else late[1]
+    run, (lo, hi) = _runs(span, windows, late, step if newest else None)
+    salt = LIVE_RUN if newest else 0 if late is None else late[1]
     statement = FILL.format(
         archive=f'"{INTERNAL_SCHEMA}"."{partial_archive_table(plan.name)}"',
         columns=", ".join(f'"{c}"' for c in columns),
@@ -337,13 +345,19 @@ def fill(
 
 
 def fill_raw(
-    conn: psycopg.Connection, span: Span, groups: int, *, late: tuple[int, int] | None = None
+    conn: psycopg.Connection,
+    span: Span,
+    groups: int,
+    *,
+    late: tuple[int, int] | None = None,
+    newest: bool = False,
 ) -> None:
     """Raw rows of ev for the whole span (on time: each from the run of its slice), or a late
-    run's click in every 10 minutes of one slice, for every campaign (RAW_FILL)."""
+    run's click in every 10 minutes of one slice, or LIVE_RUN's in the last 10 minutes, for
+    every campaign (RAW_FILL)."""
     windows = int(timedelta(hours=span.hours) / CLICK)
-    run, (lo, hi) = _runs(span, windows, late)
-    clicks = ON_TIME_CLICKS if late is None else "(SELECT 35 AS k) AS late"
+    run, (lo, hi) = _runs(span, windows, late, CLICK if newest else None)
+    clicks = ON_TIME_CLICKS if late is None and not newest else "(SELECT 35 AS k) AS late"
     statement = RAW_FILL.format(
         archive=f'"{INTERNAL_SCHEMA}"."{raw_archive_table("ev")}"', run=run, clicks=clicks
     )
@@ -408,8 +422,16 @@ def add_late_runs(
         for plan in parallel_plans(plans):
             fill(conn, plan, span, groups, late=(index, RUNS + 1 + offset))
         fill_raw(conn, span, groups, late=(index, RUNS + 1 + offset))
+    record_corrections(conn, plans)
+    vacuum(conn)
+    return slices
+
+
+def record_corrections(conn: psycopg.Connection, plans: dict[str, StreamPlan]) -> None:
+    """The corrections of the serial streams' materialized windows that their source's
+    partial rows from runs after RUNS reach, as the runs' commit records them."""
     for serial in serial_plans(plans):
-        # The window of each late partial row of the source, as record_corrections places
+        # The window of each such partial row of the source, as record_corrections places
         # it: the serial window its source window starts in.
         conn.execute(
             sql.SQL(
@@ -419,8 +441,20 @@ def add_late_runs(
             ).format(sql.Identifier(INTERNAL_SCHEMA, partial_archive_table(serial.source))),
             (serial.name, serial.window_size_us / 1e6, DAY, RUNS),
         )
+
+
+def add_live_run(
+    conn: psycopg.Connection, plans: dict[str, StreamPlan], span: Span, groups: int
+) -> None:
+    """An on-time run (LIVE_RUN) into the newest window of every stream, for every
+    campaign, not yet reduced: how a live system always reads, its open window taking runs
+    between the reducer's folds (and its serial streams computing their newest window from
+    it)."""
+    for plan in parallel_plans(plans):
+        fill(conn, plan, span, groups, newest=True)
+    fill_raw(conn, span, groups, newest=True)
+    record_corrections(conn, plans)
     vacuum(conn)
-    return slices
 
 
 def waiting(conn: psycopg.Connection, tables: list[str]) -> bool:
@@ -559,6 +593,9 @@ def run_benchmark(args: argparse.Namespace, label: str = "") -> list[Result]:
         )
         vacuum(conn)
         timings += time_queries(conn, "folded", span, args.repeat, explained)
+        add_live_run(conn, plans, span, args.groups)
+        print(f"a live run into the newest windows: {shape(conn, plans)}")
+        timings += time_queries(conn, "live", span, args.repeat, explained)
     print(f"{args.hours} hours x {args.groups} campaigns, medians of {args.repeat}")
     print(
         f"late runs' commit to caught-up reads: serial view {settled.serial:.2f} s, "
