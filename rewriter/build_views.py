@@ -183,6 +183,20 @@ def _touched(name: str, window: WindowSpec) -> exp.Select:
     )
 
 
+def _oldest_touched(name: str, window: WindowSpec) -> exp.Subquery:
+    """The start of the oldest window holding unreduced partial rows (NULL when none does),
+    from the partial archive's index in one probe: its oldest pane's, for HOP the first of
+    the windows holding that pane."""
+    start = naming.WINDOW_START_COLUMN
+    first = exp.select(exp.alias_(exp.Min(this=exp.column(start)), start)).from_(
+        table(naming.partial_archive_table(name))
+    )
+    if not window.is_hop:
+        return first.subquery()
+    windows = _expanded(first.subquery(), [], window).subquery("t")
+    return exp.select(exp.Min(this=exp.column(start, table="t"))).from_(windows).subquery()
+
+
 def _in_touched(name: str, window: WindowSpec, start: exp.Column | None = None) -> exp.Expr:
     """Whether a consolidated row's window (``start``, by default ``c.window_start``) is
     touched, after a check PostgreSQL makes once per read (an initial plan) that any partial
@@ -247,7 +261,15 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
     )
     if split.having is not None:
         merged = merged.having(split.having)
-    merged_windows = _in_touched(name, window, exp.column(window_start, table="v", quoted=True))
+    # Which rows are consolidated rows of windows merged on read: a row of an older window
+    # than the oldest of them is not, found with one comparison where a hash probe would
+    # follow; while a live system's newest window waits for its next fold, that is nearly
+    # every row.
+    start = exp.column(window_start, table="v", quoted=True)
+    waiting, touched = _in_touched(name, window, start).flatten()
+    merged_windows = exp.and_(
+        waiting, exp.GTE(this=start.copy(), expression=_oldest_touched(name, window)), touched
+    )
     return (
         exp.select(*(exp.column(n, table="v", quoted=True) for n, _ in outputs))
         .from_(exp.union(reduced, merged, distinct=False).subquery("v"))

@@ -3,7 +3,8 @@ a filter over the UNION ALL of their two branches, where the first branch (the c
 rows read as they are) had it as its WHERE: PostgreSQL flattens a branch without WHERE into
 the query and scans the consolidated table as it scans a plain table, which it could not
 do for a branch with a WHERE. Each branch carries its window start and whether it is read
-as it is under the outputs, for the filter (rewriter/build_views.py view_query).
+as it is under the outputs, for the filter (rewriter/build_views.py view_query), which
+passes a row older than the oldest window waiting for the reducer with one comparison.
 
 Plans are re-made from the streams' stored SQL, as at every start, and each aggregate
 stream's view replaced: the same columns of the same types, the same rows, so its readers
@@ -51,10 +52,11 @@ def downgrade() -> None:
             branch.set(
                 "expressions", [e for e in branch.expressions if e.alias_or_name not in hidden]
             )
-        # NOT (v.stored AND (waiting AND v.window_start IN (...))): the part after the flag,
-        # on the first branch's own window start.
-        flagged = where.this.this.unnest()  # WHERE NOT (...): the And in the parentheses
-        merged_windows = flagged.expression.unnest().copy()
+        # NOT (v.stored AND (waiting AND v.window_start >= oldest AND v.window_start IN
+        # (...))): waiting and the IN, on the first branch's own window start.
+        waiting, touched = where.find(exp.Exists), where.find(exp.In)
+        assert waiting is not None and touched is not None
+        merged_windows = exp.and_(waiting.copy(), touched.copy())
 
         def own_window(node: exp.Expr) -> exp.Expr:
             if isinstance(node, exp.Column) and node.name == naming.VIEW_WINDOW_COLUMN:
