@@ -197,18 +197,24 @@ def _oldest_touched(name: str, window: WindowSpec) -> exp.Subquery:
     return exp.select(exp.Min(this=exp.column(start, table="t"))).from_(windows).subquery()
 
 
-def _in_touched(name: str, window: WindowSpec, start: exp.Column | None = None) -> exp.Expr:
-    """Whether a consolidated row's window (``start``, by default ``c.window_start``) is
-    touched, after a check PostgreSQL makes once per read (an initial plan) that any partial
-    row waits: caught up, the function is never called."""
-    waiting = exp.Exists(
+def _waiting(name: str) -> exp.Exists:
+    """Whether any partial row waits for the reducer: a check PostgreSQL makes once per read
+    (an initial plan), before the windows' function, which caught up is never called."""
+    return exp.Exists(
         this=exp.select(exp.Literal.number(1)).from_(table(naming.partial_archive_table(name)))
     )
-    touched = exp.In(
-        this=start or exp.column(naming.WINDOW_START_COLUMN, table="c"),
-        query=_touched(name, window).subquery(),
-    )
-    return exp.and_(waiting, touched)
+
+
+def _is_touched(name: str, window: WindowSpec, start: exp.Column) -> exp.In:
+    """Whether the window starting at ``start`` holds unreduced partial rows."""
+    return exp.In(this=start, query=_touched(name, window).subquery())
+
+
+def _in_touched(name: str, window: WindowSpec) -> exp.Expr:
+    """Whether a consolidated row's window (``c.window_start``) is touched, once a partial
+    row waits."""
+    start = exp.column(naming.WINDOW_START_COLUMN, table="c")
+    return exp.and_(_waiting(name), _is_touched(name, window, start))
 
 
 def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
@@ -266,9 +272,10 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
     # follow; while a live system's newest window waits for its next fold, that is nearly
     # every row.
     start = exp.column(window_start, table="v", quoted=True)
-    waiting, touched = _in_touched(name, window, start).flatten()
     merged_windows = exp.and_(
-        waiting, exp.GTE(this=start.copy(), expression=_oldest_touched(name, window)), touched
+        _waiting(name),
+        exp.GTE(this=start.copy(), expression=_oldest_touched(name, window)),
+        _is_touched(name, window, start.copy()),
     )
     return (
         exp.select(*(exp.column(n, table="v", quoted=True) for n, _ in outputs))
