@@ -99,15 +99,24 @@ def replace_calls(
     for call in list(view.find_all(exp.Table)):
         if isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function:
             call.replace(query.subquery(call.alias_or_name))
-    create = exp.Create(
-        this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
-        kind="VIEW",
-        expression=view,
-        replace=True,
-    )
-    driver.execute(create.sql("postgres"))
+    replace_view(driver, name, view)
     driver.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
             sql.Identifier(naming.INTERNAL_SCHEMA, function)
         )
     )
+
+
+def replace_view(driver: psycopg.Connection, name: str, query: exp.Query) -> None:
+    """CREATE OR REPLACE the stream ``name``'s view as ``query``."""
+    from sqlglot import exp
+
+    from rewriter import naming
+
+    create = exp.Create(
+        this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
+        kind="VIEW",
+        expression=query,
+        replace=True,
+    )
+    driver.execute(create.sql("postgres"))

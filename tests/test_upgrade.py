@@ -169,6 +169,31 @@ def clicks_per_minute(strata: Strata, raw: str, minute: str) -> None:
     )
 
 
+def per_minute_and_hop(strata: Strata, raw: str) -> dict[str, str]:
+    """``clicks_per_minute`` as ``<raw>_minute``, and ``<raw>_hop``, their count per
+    2-minute window sliding by a minute; the oracle of each over the raw rows, by name."""
+    clicks_per_minute(strata, raw, f"{raw}_minute")
+    strata.create(
+        f"CREATE STREAM {raw}_hop AS SELECT count(*) AS n, window_end AS t "
+        f"FROM HOP({raw}, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
+    )
+    minute = "date_bin('1 minute', t, timestamptz 'epoch')"
+    return {
+        f"{raw}_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM {raw} "
+        "GROUP BY 1, 3",
+        f"{raw}_hop": f"SELECT count(*), e FROM {raw}, LATERAL (SELECT {minute} + interval "
+        "'1 minute' * k AS e FROM generate_series(1, 2) k) w GROUP BY e",
+    }
+
+
+def reduced_and_late(strata: Strata, raw: str, rng: random.Random) -> None:
+    """Clicks into ``raw``, reduced, then more: late rows into reduced windows, and new
+    windows, waiting for the reducer."""
+    strata.ingest(raw, clicks(rng, 20))
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    strata.ingest(raw, clicks(rng, 30))
+
+
 def downgrade_to(engine: sa.Engine, revision: str) -> None:
     """Run the migrations' downgrades down to ``revision``, on a running server's
     database."""
@@ -886,22 +911,8 @@ def test_aggregate_views_find_their_waiting_windows_by_function_after_the_upgrad
     for the reducer with, and replaces the view; its downgrade puts back what the previous
     release read there (SELECT DISTINCT over the partial archive) and drops the function.
     Exact throughout, with windows reduced, waiting, and both in one window (late rows)."""
-    clicks_per_minute(strata, "wv", "wv_minute")
-    strata.create(
-        "CREATE STREAM wv_hop AS SELECT count(*) AS n, window_end AS t "
-        "FROM HOP(wv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
-    )
-    rng = random.Random(13)
-    strata.ingest("wv", clicks(rng, 20))
-    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
-    strata.ingest("wv", clicks(rng, 30))  # late rows into reduced windows, and new windows
-    minute = "date_bin('1 minute', t, timestamptz 'epoch')"
-    oracles = {
-        "wv_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM wv "
-        "GROUP BY 1, 3",
-        "wv_hop": f"SELECT count(*), e FROM wv, LATERAL (SELECT {minute} + interval '1 minute' "
-        "* k AS e FROM generate_series(1, 2) k) w GROUP BY e",
-    }
+    oracles = per_minute_and_hop(strata, "wv")
+    reduced_and_late(strata, "wv", random.Random(13))
     expected = {view: sorted(strata.query(oracle)) for view, oracle in oracles.items()}
     assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__reduced")[0][0] > 0
     assert strata.query("SELECT count(*) FROM strata_internal.wv_minute__partial")[0][0] > 0
@@ -944,29 +955,18 @@ def test_aggregate_views_read_consolidated_rows_as_a_plain_table_after_the_upgra
     UNION ALL branch without WHERE, which PostgreSQL scans as a plain table (no subquery
     scan node over it); its downgrade puts the filter back in that branch. Exact throughout,
     tumbling, HOP and HAVING alike, with windows reduced, waiting, and both (late rows)."""
-    clicks_per_minute(strata, "fv", "fv_minute")
-    strata.create(
-        "CREATE STREAM fv_hop AS SELECT count(*) AS n, window_end AS t "
-        "FROM HOP(fv, t, INTERVAL '1 minute', INTERVAL '2 minutes') GROUP BY window_end"
-    )
+    oracles = per_minute_and_hop(strata, "fv")
     strata.create(
         "CREATE STREAM fv_busy AS SELECT campaign, count(*) AS n, window_end AS t "
         "FROM TUMBLE(fv, t, INTERVAL '1 minute') GROUP BY campaign, window_end "
         "HAVING count(*) > 1"
     )
+    oracles["fv_busy"] = (
+        "SELECT campaign, count(*), date_bin('1 minute', t, timestamptz 'epoch') "
+        "+ interval '1 minute' FROM fv GROUP BY 1, 3 HAVING count(*) > 1"
+    )
     rng = random.Random(19)
-    strata.ingest("fv", clicks(rng, 20))
-    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
-    strata.ingest("fv", clicks(rng, 30))  # late rows into reduced windows, and new windows
-    minute = "date_bin('1 minute', t, timestamptz 'epoch')"
-    oracles = {
-        "fv_minute": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM fv "
-        "GROUP BY 1, 3",
-        "fv_hop": f"SELECT count(*), e FROM fv, LATERAL (SELECT {minute} + interval '1 minute' "
-        "* k AS e FROM generate_series(1, 2) k) w GROUP BY e",
-        "fv_busy": f"SELECT campaign, count(*), {minute} + interval '1 minute' FROM fv "
-        "GROUP BY 1, 3 HAVING count(*) > 1",
-    }
+    reduced_and_late(strata, "fv", rng)
     assert strata.query("SELECT count(*) FROM strata_internal.fv_minute__partial")[0][0] > 0
 
     def flattened() -> list[bool]:

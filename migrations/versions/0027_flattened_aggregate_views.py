@@ -36,7 +36,7 @@ def downgrade() -> None:
     import sqlglot
     from sqlglot import exp
 
-    from migrations.plans import stored_plans
+    from migrations.plans import replace_view, stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
 
@@ -65,10 +65,4 @@ def downgrade() -> None:
 
         first = union.this.where(exp.Not(this=exp.paren(merged_windows.transform(own_window))))
         union.set("this", first)
-        create = exp.Create(
-            this=exp.table_(name, db=naming.PUBLIC_SCHEMA, quoted=True),
-            kind="VIEW",
-            expression=union,
-            replace=True,
-        )
-        driver.execute(create.sql("postgres"))
+        replace_view(driver, name, union)
