@@ -52,8 +52,8 @@ where a view's time goes.
 over 6 hours of 300 campaigns, whose figures are labelled "(6 h × 300 campaigns)".
 
 Prints a table of the medians and their ratios. The goals: at most 1.5 times the plain
-table caught up and folded, at most 3 times with late data waiting; missing them does not
-fail.
+table caught up, folded and live, at most 3 times with late data waiting; missing them does
+not fail.
 """
 
 from __future__ import annotations
@@ -431,8 +431,8 @@ def record_corrections(conn: psycopg.Connection, plans: dict[str, StreamPlan]) -
     """The corrections of the serial streams' materialized windows that their source's
     partial rows from runs after RUNS reach, as the runs' commit records them."""
     for serial in serial_plans(plans):
-        # The window of each such partial row of the source, as record_corrections places
-        # it: the serial window its source window starts in.
+        # The window of each such partial row of the source, as a commit places it
+        # (server-side record_corrections): the serial window its source window starts in.
         conn.execute(
             sql.SQL(
                 "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, "
@@ -558,7 +558,7 @@ def time_queries(
 
 
 def run_benchmark(args: argparse.Namespace, label: str = "") -> list[Result]:
-    """The three phases over ``args.hours`` x ``args.groups``; ``label`` tells the figures of
+    """The four phases over ``args.hours`` x ``args.groups``; ``label`` tells the figures of
     a second scale apart from the default one's (for example " (6 h × 300 campaigns)")."""
     span = Span(args.hours)
     explained = args.explain
