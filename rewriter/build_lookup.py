@@ -45,7 +45,7 @@ from rewriter.plan import (
     StreamPlan,
 )
 from rewriter.registry import contains_aggregate, is_aggregate
-from rewriter.resolve_window import WindowSpec, interval_text, resolve_window
+from rewriter.resolve_window import WindowSpec, fixed_interval, resolve_window
 from rewriter.split_aggregates import split_aggregates
 from rewriter.split_query import SplitAggregate, SplitQuery, group_by_keys
 from rewriter.tables import TableSchema, table_key
@@ -587,7 +587,7 @@ def _aggregate(
             if node.name == naming.WINDOW_START_COLUMN:
                 return start
             if node.name == naming.WINDOW_END_COLUMN:
-                size = exp.Interval(this=exp.Literal.string(interval_text(window.size_us)))
+                size = fixed_interval(window.size_us)
                 return exp.Add(this=start, expression=size)
             return exp.column(key_columns[node.name], table=stream.alias, quoted=True)
         copy = node.copy()

@@ -39,14 +39,14 @@ from rewriter.plan import (
     WindowedAggregatePlan,
 )
 from rewriter.registry import exact_in_postgres
-from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.resolve_window import WindowSpec, fixed_interval
 
 # Adds a condition on the source's rows to a query per window, where it reads them.
 Restrict = Callable[[exp.Select, exp.Expr], exp.Select]
 
 
 def _interval(size_us: int) -> exp.Interval:
-    return exp.Interval(this=exp.Literal.string(interval_text(size_us)))
+    return fixed_interval(size_us)
 
 
 def _source_window_start(window: WindowSpec) -> exp.Expr:

@@ -37,7 +37,7 @@ from rewriter.plan import (
     StreamPlan,
 )
 from rewriter.registry import contains_aggregate, exact_in_postgres
-from rewriter.resolve_window import interval_text, parse_interval
+from rewriter.resolve_window import fixed_interval, interval_text, parse_interval
 from rewriter.split_query import group_by_keys
 
 SESSION_FORM = "SESSION(source_stream, event_time_column, INTERVAL '10 seconds')"
@@ -154,7 +154,7 @@ def _key_index(source: StreamPlan, keys: list[exp.Expr], time_column: str) -> li
 def _view(
     select: exp.Select, source: str, time_column: str, gap_us: int, keys: list[exp.Expr]
 ) -> exp.Select:
-    gap = exp.Interval(this=exp.Literal.string(interval_text(gap_us)))
+    gap = fixed_interval(gap_us)
     time = exp.column(time_column, quoted=True)
     partition = [k.copy() for k in keys]
 

@@ -55,7 +55,7 @@ from rewriter.resolve_window import (
     GLOBAL_WINDOW_US,
     WINDOW_FORM,
     WindowSpec,
-    interval_text,
+    fixed_interval,
     parse_interval,
 )
 
@@ -316,9 +316,7 @@ def _rows(item: exp.Expr, source: StreamPlan) -> exp.Expr:
     start = exp.func(
         "strata_window_start", exp.column(source.event_time, quoted=True), exp.Literal.number(size)
     )
-    end = exp.Add(
-        this=start.copy(), expression=exp.Interval(this=exp.Literal.string(interval_text(size)))
-    )
+    end = exp.Add(this=start.copy(), expression=fixed_interval(size))
     rows = exp.select(
         exp.Star(),
         exp.alias_(start, naming.WINDOW_START_COLUMN, quoted=True),

@@ -24,7 +24,7 @@ from rewriter.plan import (
     ProjectionStreamPlan,
     WindowedAggregatePlan,
 )
-from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.resolve_window import WindowSpec, fixed_interval
 from rewriter.split_query import SplitQuery
 from rewriter.window_forms import window_start_spark
 
@@ -143,7 +143,7 @@ def _states_columns(split: SplitQuery) -> list[tuple[str, str]]:
 def _window_end(window: WindowSpec) -> exp.Expr:
     return exp.Add(
         this=exp.column(naming.WINDOW_START_COLUMN),
-        expression=exp.Interval(this=exp.Literal.string(interval_text(window.size_us))),
+        expression=fixed_interval(window.size_us),
     )
 
 

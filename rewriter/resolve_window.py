@@ -89,21 +89,37 @@ class WindowSpec:
         return f"TUMBLE({self.source.name}, {self.time_column}, INTERVAL '{size}')"
 
 
-def interval_text(size_us: int) -> str:
+_UNITS = (
+    ("week", 604_800_000_000),
+    ("day", 86_400_000_000),
+    ("hour", 3_600_000_000),
+    ("minute", 60_000_000),
+    ("second", 1_000_000),
+    ("millisecond", 1_000),
+    ("microsecond", 1),
+)
+# The units an INTERVAL that SQL adds to a timestamptz may be spelled in (fixed_interval).
+_FIXED_UNITS = _UNITS[2:]
+
+
+def interval_text(size_us: int, units: tuple[tuple[str, int], ...] = _UNITS) -> str:
     """The largest whole unit spelling of a window size, e.g. 300_000_000 -> '5 minutes'."""
-    for unit, size in (
-        ("week", 604_800_000_000),
-        ("day", 86_400_000_000),
-        ("hour", 3_600_000_000),
-        ("minute", 60_000_000),
-        ("second", 1_000_000),
-        ("millisecond", 1_000),
-        ("microsecond", 1),
-    ):
+    for unit, size in units:
         if size_us % size == 0:
             count = size_us // size
             return f"{count} {unit}{'' if count == 1 else 's'}"
     raise AssertionError("unreachable")
+
+
+def fixed_interval(size_us: int) -> exp.Interval:
+    """An INTERVAL of exactly ``size_us`` microseconds, for the SQL that adds a window's
+    size to a timestamptz (a window's end from its start, a session's end from its last
+    row), spelled in hours at most: PostgreSQL adds a day or a week in the session's time
+    zone, 23 or 25 hours across a daylight-saving change, so that a view read by a session
+    in such a zone (or folded by a server whose database has one) placed a day window's end
+    an hour off; windows are whole microseconds from the epoch, in every zone
+    (strata_window_start), and '24 hours' is always 86,400 seconds."""
+    return exp.Interval(this=exp.Literal.string(interval_text(size_us, _FIXED_UNITS)))
 
 
 def parse_interval(node: exp.Expr, what: str = "window size") -> int:

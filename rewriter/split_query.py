@@ -16,7 +16,7 @@ from sqlglot import exp
 from rewriter import naming
 from rewriter.errors import UnsupportedSQL
 from rewriter.registry import contains_aggregate, is_aggregate
-from rewriter.resolve_window import WindowSpec, interval_text
+from rewriter.resolve_window import WindowSpec, fixed_interval
 from rewriter.types import SqlType
 
 
@@ -126,7 +126,7 @@ def key_or_window(node: exp.Expr, keys: list[GroupKey], window: WindowSpec) -> e
     if isinstance(node, exp.Column) and node.name == naming.WINDOW_END_COLUMN:
         return exp.Add(
             this=exp.column(naming.WINDOW_START_COLUMN),
-            expression=exp.Interval(this=exp.Literal.string(interval_text(window.size_us))),
+            expression=fixed_interval(window.size_us),
         )
     return None
 
