@@ -50,6 +50,10 @@ STREAMS = {
     "GROUP BY window_end",
     "visits": "SELECT k, count(*) AS c, window_start, window_end "
     "FROM SESSION(ev, t, INTERVAL '1 day') GROUP BY k, window_start",
+    # Top-N over the raw rows' day windows: the largest n of each day, ties kept.
+    "largest": "SELECT k, n, window_end FROM (SELECT k, n, window_end, RANK() OVER "
+    "(PARTITION BY window_start ORDER BY n DESC) AS r FROM TUMBLE(ev, t, INTERVAL '1 day') e) x "
+    "WHERE r = 1",
 }
 
 
@@ -115,7 +119,14 @@ def _oracles(rows: list[dict[str, object]]) -> dict[str, set[tuple[object, ...]]
                 session = []
             session.append(at)
         visits.add((key, len(session), session[0], session[-1] + DAY))
+    largest = {}
+    for _, n, at in events:
+        start = _start(at, DAY)
+        largest[start] = max(largest.get(start, n), n)
     return {
+        "largest": {
+            (k, n, _start(at, DAY) + DAY) for k, n, at in events if largest[_start(at, DAY)] == n
+        },
         "daily": {(k, len(v), sum(v), s + DAY) for (k, s), v in daily.items()},
         "two_days": {(k, c, s + 2 * DAY) for (k, s), c in two_days.items()},
         "busiest": {(top, s + 2 * DAY) for s, top in busiest.items()},
