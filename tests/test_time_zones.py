@@ -8,8 +8,11 @@ daylight-saving change), so every SQL the rewriter writes adds a window's size s
 hours (rewriter.resolve_window.fixed_interval). Here the database's own default zone is New
 York's, so the reducer's fold and the serial workers run in it, and each view is read from
 sessions in UTC, New York and Kathmandu (+05:45, no daylight saving) before the fold, after
-it, and after the serial workers: at every step equal to a Python model of the windows
-computed in microseconds, independently of the views' SQL.
+it, and after the serial workers, and by a snapshot reader in New York's zone all along:
+every read equal to a Python model of the windows computed in microseconds, independently
+of the views' SQL. The upgrade test stands up what the previous release left (its views,
+and the window ends its workers stored in such a zone) and needs migration 0028 to make
+each exact.
 """
 
 from __future__ import annotations

@@ -79,10 +79,11 @@ def upgrade() -> None:
         if isinstance(plan, SerialAggregatePlan):
             driver.execute(
                 sql.SQL(
-                    "INSERT INTO strata_catalog.corrections (stream, window_start, late_rows, "
-                    "noted_at) SELECT DISTINCT %s, {w}, 0, now() FROM {t} "
+                    "INSERT INTO {c} (stream, window_start, late_rows, noted_at) "
+                    "SELECT DISTINCT %s, {w}, 0, now() FROM {t} "
                     "ON CONFLICT (stream, window_start) DO NOTHING"
                 ).format(
+                    c=sql.Identifier(naming.CATALOG_SCHEMA, "corrections"),
                     w=sql.Identifier(naming.SERIAL_WINDOW_COLUMN),
                     t=sql.Identifier(naming.INTERNAL_SCHEMA, archive),
                 ),
