@@ -45,10 +45,6 @@ from rewriter.resolve_window import WindowSpec, fixed_interval
 Restrict = Callable[[exp.Select, exp.Expr], exp.Select]
 
 
-def _interval(size_us: int) -> exp.Interval:
-    return fixed_interval(size_us)
-
-
 def _source_window_start(window: WindowSpec) -> exp.Expr:
     """Each source row's time, moved to the start of its source window."""
     source = window.source
@@ -56,7 +52,7 @@ def _source_window_start(window: WindowSpec) -> exp.Expr:
     if isinstance(source, WindowedAggregatePlan):
         output = source.output(window.time_column)
         if output is not None and output.role == "window_end":
-            return exp.Sub(this=column, expression=_interval(source.window_size_us))
+            return exp.Sub(this=column, expression=fixed_interval(source.window_size_us))
     return column
 
 
@@ -88,7 +84,7 @@ def _listed_windows(window: WindowSpec) -> list[exp.Expr]:
     """Source rows of the windows from ``bounds.lowest`` to ``bounds.highest`` (a range
     of the source's time column, narrowed further by the windows listed)."""
     last_end = exp.Add(
-        this=exp.column("highest", table="bounds"), expression=_interval(window.size_us)
+        this=exp.column("highest", table="bounds"), expression=fixed_interval(window.size_us)
     )
     return [
         _source_from(window, exp.column("lowest", table="bounds")),
@@ -101,7 +97,7 @@ def _shifted(window: WindowSpec, bound: exp.Expr) -> exp.Expr:
     if isinstance(source, WindowedAggregatePlan):
         output = source.output(window.time_column)
         if output is not None and output.role == "window_end":
-            return exp.Add(this=bound, expression=_interval(source.window_size_us))
+            return exp.Add(this=bound, expression=fixed_interval(source.window_size_us))
     return bound
 
 
@@ -286,7 +282,7 @@ def build_serial(
             if node.name == naming.WINDOW_START_COLUMN:
                 return start.copy()
             if node.name == naming.WINDOW_END_COLUMN:
-                return exp.Add(this=start.copy(), expression=_interval(window.size_us))
+                return exp.Add(this=start.copy(), expression=fixed_interval(window.size_us))
         return node
 
     query = select.copy()

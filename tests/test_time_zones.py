@@ -88,6 +88,17 @@ def _rows(rng: random.Random) -> list[dict[str, object]]:
     return rows
 
 
+def _streams_and_rows(strata: Strata, seed: int) -> list[dict[str, object]]:
+    """The raw stream ev and STREAMS over it; the events of _rows, shuffled by ``seed``."""
+    strata.create("CREATE STREAM ev (k text, n bigint, t timestamptz) WITH (event_time = 't')")
+    for name, query in STREAMS.items():
+        strata.create(f"CREATE STREAM {name} AS {query}")
+    rng = random.Random(seed)
+    rows = _rows(rng)
+    rng.shuffle(rows)
+    return rows
+
+
 def _micros(moment: datetime) -> int:
     return (moment - EPOCH) // timedelta(microseconds=1)
 
@@ -158,12 +169,7 @@ def _check_every_zone(strata: Strata, oracles: dict[str, set[tuple[object, ...]]
 
 
 def test_day_windows_are_24_hours_in_every_time_zone(strata: Strata) -> None:
-    strata.create("CREATE STREAM ev (k text, n bigint, t timestamptz) WITH (event_time = 't')")
-    for name, query in STREAMS.items():
-        strata.create(f"CREATE STREAM {name} AS {query}")
-    rng = random.Random(2024)
-    rows = _rows(rng)
-    rng.shuffle(rows)
+    rows = _streams_and_rows(strata, 2024)
     oracles = _oracles(rows)
     engine, plans = strata.service.engine, strata.service.plans
     # A reader in the database's zone, New York's, meanwhile: every snapshot it takes
@@ -197,12 +203,7 @@ def test_the_upgrade_sets_day_windows_to_24_hours(strata: Strata) -> None:
     York's zone (an hour off across the change). After the upgrade every view is exact in
     every zone, the serial windows computed on read until the repairer writes them again,
     and ingest stays exact."""
-    strata.create("CREATE STREAM ev (k text, n bigint, t timestamptz) WITH (event_time = 't')")
-    for name, query in STREAMS.items():
-        strata.create(f"CREATE STREAM {name} AS {query}")
-    rng = random.Random(28)
-    rows = _rows(rng)
-    rng.shuffle(rows)
+    rows = _streams_and_rows(strata, 28)
     parts = [rows[part::4] for part in range(3)]
     # The third part late into November's days alone: March's serial windows keep what
     # the previous release wrote until the upgrade lists them.
