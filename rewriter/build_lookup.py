@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_views import build_views, partial_rows
+from rewriter.build_joined import build_joined
+from rewriter.build_views import build_views, partial_rows, reduce_statement
 from rewriter.ddl import create_view, drop, table
 from rewriter.derived_select import check_clauses, output_name
 from rewriter.errors import UnknownSource, UnsupportedSQL
@@ -620,15 +621,43 @@ def _aggregate(
     )
     if having is not None:
         view.set("having", exp.Having(this=translate(having.this)))
+    joined_view = view.copy()
+
+    def over(rows: exp.Expr) -> exp.Select:
+        """The view's query over the given partial rows of the stream."""
+        query = joined_view.copy()
+        item = exp.alias_(rows, stream.alias, table=True)
+        _replace_items(query, inputs, lambda _: item.copy(), translate)
+        return query
+
     rows = exp.alias_(partial_rows(name, split, window), stream.alias, table=True)
     _replace_items(view, inputs, lambda _: rows, translate)
+    table_names = [e.schema.name for e in inputs if isinstance(e, _Table)]
+    joined_rows = build_joined(
+        name,
+        split,
+        window,
+        over,
+        [c.name for c in columns],
+        [c.name for c in columns if c.role in _WINDOW_COLUMNS],
+        [_quoted(n) for n in table_names],
+    )
     plan = build_views(name, split, window)
     *tables, _ = plan.create_statements
-    joined = ", ".join(e.schema.name for e in inputs if isinstance(e, _Table))
+    joined = ", ".join(table_names)
     return dataclasses.replace(
         plan,
+        # What the view computes: every window joined on read (the joined rows are that
+        # query's rows of reduced windows, kept); the view itself is the last statement.
         view_query=view.sql("postgres"),
-        create_statements=(*tables, create_view(name, view)),
+        create_statements=(
+            *tables,
+            *joined_rows.create_statements,
+            create_view(name, joined_rows.view),
+        ),
+        drop_statements=(*plan.drop_statements, *joined_rows.drop_statements),
+        reduce_statement=reduce_statement(name, split, window, also=joined_rows.fold_steps),
+        joined=joined_rows.rows,
         outputs=tuple(columns),
         tables=tuple(e.schema.name for e in inputs if isinstance(e, _Table)),
         read_keys=tuple(read_keys),
@@ -639,6 +668,12 @@ def _aggregate(
             "content"
         ),
     )
+
+
+def _quoted(name: str) -> str:
+    """A table's name as TableSchema holds it (``table`` or ``schema.table``, folded as
+    PostgreSQL folds) quoted, so that PostgreSQL reads it as that table."""
+    return ".".join(exp.to_identifier(p, quoted=True).sql("postgres") for p in name.split(".", 1))
 
 
 def _split_stream_side(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlglot import exp
 
 from rewriter import naming
@@ -122,6 +124,58 @@ def partial_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
         table(naming.consolidated_states_table(name))
     )
     return exp.union(unreduced, reduced, distinct=False).subquery()
+
+
+def reduced_rows(name: str, split: SplitQuery) -> exp.Expr:
+    """The consolidated rows of every window, in partial form (their states), not yet
+    aliased: what a view merging them on read reads of the windows nothing waits in."""
+    columns = _state_columns(split)
+    return (
+        exp.select(*(exp.column(c) for c in columns))
+        .from_(table(naming.consolidated_states_table(name)))
+        .subquery()
+    )
+
+
+def merged_rows(
+    name: str, split: SplitQuery, window: WindowSpec, every: exp.Expr, otherwise: exp.Expr
+) -> exp.Expr:
+    """The partial rows a view merging on read merges, not yet aliased: the unreduced ones,
+    and the consolidated states of every window where ``every`` holds, of the windows
+    holding unreduced rows where ``otherwise`` (its negation) does: checks PostgreSQL makes
+    once per read."""
+    columns = _state_columns(split)
+    unreduced = exp.select(*(exp.column(c) for c in columns)).from_(
+        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
+    )
+    states = exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True)
+    every_window = exp.select(*(exp.column(c) for c in columns)).from_(states).where(every)
+    touched = (
+        exp.select(*(exp.column(c) for c in columns))
+        .from_(states.copy())
+        .where(exp.and_(otherwise, _in_touched(name, window)))
+    )
+    return exp.union(
+        exp.union(unreduced, every_window, distinct=False), touched, distinct=False
+    ).subquery()
+
+
+def folded_rows(split: SplitQuery) -> exp.Expr:
+    """The states of the windows a fold rewrote (its ``folded`` rows), not yet aliased: in
+    an extra step of the reducer's statement (reduce_statement's ``also``)."""
+    columns = _state_columns(split)
+    return exp.select(*(exp.column(c) for c in columns)).from_("folded").subquery()
+
+
+def in_waiting_window(name: str, window: WindowSpec, start: exp.Column) -> exp.Expr:
+    """Whether the window starting at ``start`` holds unreduced partial rows: checked only
+    once a partial row waits, and with one comparison for a window older than the oldest
+    such (as view_query checks its consolidated rows)."""
+    return exp.and_(
+        _waiting(name),
+        exp.GTE(this=start.copy(), expression=_oldest_touched(name, window)),
+        _is_touched(name, window, start),
+    )
 
 
 def _consolidated_columns(split: SplitQuery, window: WindowSpec) -> list[tuple[str, str]]:
@@ -315,12 +369,19 @@ def reduce_query(name: str, split: SplitQuery) -> str:
     return query.sql("postgres")
 
 
-def reduce_statement(name: str, split: SplitQuery, window: WindowSpec) -> str:
+def reduce_statement(
+    name: str,
+    split: SplitQuery,
+    window: WindowSpec,
+    also: Sequence[tuple[str, exp.Expr]] = (),
+) -> str:
     """The reducer's statement: move the partial rows of at most %(max_groups)s panes that
     hold more than %(min_rows)s partial rows (the oldest first) into the consolidated
     tables, merged with what they hold for the panes' windows: one row per window and group
     with each aggregate's final value (what the view reads), and the same in partial form
-    (what later late data of the window merges with).
+    (what later late data of the window merges with). ``also``: more steps (name, data
+    modifying statement) that keep rows derived from the rewritten windows in step, over
+    ``placed`` (the windows' new partial rows) and ``folded`` (their states).
 
     One statement, so one transaction: a view sees the rows before or after, never half.
     Rows that commit while it runs are not in its snapshot and stay as they are. Whole
@@ -428,6 +489,7 @@ def reduce_statement(name: str, split: SplitQuery, window: WindowSpec) -> str:
         ("replaced", replaced),
         ("folded", folded),
         ("stored", store_states),
+        *also,
     ]
     for alias, query in ctes:
         statement = statement.with_(alias, as_=query)

@@ -160,6 +160,24 @@ def state_column(aggregate_index: int, state: str) -> str:
     return f"agg_{aggregate_index}_{state}"
 
 
+def joined_table(stream: str) -> str:
+    """An aggregate stream joined with tables on read: its view's rows of the reduced
+    windows, joined with the tables as they were when the reducer wrote them."""
+    return fit(f"{stream}__joined")
+
+
+def joined_index(stream: str, purpose: str) -> str:
+    """Index of a joined table: on its rows' window start ("window"), on a column showing
+    the window ("by_<column>")."""
+    return fit(f"{stream}__joined_{purpose}")
+
+
+def joined_seen_table(stream: str) -> str:
+    """The sum of the joined tables' versions (strata_catalog.table_versions) a joined
+    table's rows were written at: one row, none until they are first written."""
+    return fit(f"{stream}__joined_seen")
+
+
 def serial_archive_table(stream: str) -> str:
     """Archive of a serial stream: its rows for the windows already materialized."""
     return fit(f"{stream}__serial")

@@ -124,6 +124,18 @@ class WindowedAggregatePlan:
 
 
 @dataclass(frozen=True)
+class JoinedRows:
+    """How an aggregate stream joined with tables on read keeps its view's rows of reduced
+    windows (naming.joined_table) while the tables do not change: the reducer writes the
+    rows of the windows it folds in its statement, and all of them again (the refresh)
+    once a table has changed; the view reads them while the tables' versions are the ones
+    they were written at, and joins on read otherwise and for windows late data waits in."""
+
+    current_query: str  # PostgreSQL: whether the rows follow the tables' current versions
+    refresh_statement: str  # PostgreSQL: every reduced window's rows written anew
+
+
+@dataclass(frozen=True)
 class ParallelAggregatePlan(WindowedAggregatePlan):
     """A continuous aggregate split into partial (Spark), reduce and final (PostgreSQL)
     parts: partial rows per run in the partial archive, final aggregates on read."""
@@ -143,6 +155,8 @@ class ParallelAggregatePlan(WindowedAggregatePlan):
     tables: tuple[str, ...] = ()
     # Its GROUP BY items computed on read (from those tables), as PostgreSQL SQL.
     read_keys: tuple[str, ...] = ()
+    # With those tables: the view's rows of reduced windows, kept joined.
+    joined: JoinedRows | None = None
 
 
 @dataclass(frozen=True)
