@@ -17,6 +17,8 @@ The points of the background workers, where ``key`` is the stream's name, each i
 step's transaction with its work written and not yet committed:
 
 - ``reduce_fold``: the reducer has folded partial rows (server/workers/reducer.py);
+- ``join_refresh``: the reducer has written anew the joined rows of an aggregate joined
+  with tables on read, after a table changed (server/workers/reducer.py);
 - ``materialize``: serial windows are written to the archive (server/workers/serial.py);
 - ``repair``: corrected serial windows are recomputed (server/workers/serial.py);
 - ``backfill_chunk``: a back-fill chunk's partial rows are copied in, for a new stream or
@@ -86,6 +88,7 @@ log = logging.getLogger(__name__)
 RUN_PHASES = ("after_spool", "in_spark", "in_pg_write", "after_commit")
 WORKER_PHASES = (
     "reduce_fold",
+    "join_refresh",
     "materialize",
     "repair",
     "backfill_chunk",

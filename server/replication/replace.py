@@ -38,6 +38,8 @@ from rewriter.naming import (
     consolidated_table,
     join_archive_table,
     join_view,
+    joined_seen_table,
+    joined_table,
     partial_archive_table,
     raw_archive_table,
 )
@@ -261,11 +263,14 @@ def _backfilling(connection: sa.Connection, names: list[str]) -> bool:
 
 
 def _clear(cursor: psycopg.Cursor, plan: ParallelAggregatePlan) -> None:
-    """Empty the stream's partial archive and what the reducer folded from it."""
+    """Empty the stream's partial archive and what the reducer folded from it (with the
+    rows it kept joined with tables, and the versions they were joined at)."""
     for name in (
         partial_archive_table(plan.name),
         consolidated_table(plan.name),
         consolidated_states_table(plan.name),
+        joined_table(plan.name),
+        joined_seen_table(plan.name),
     ):
         cursor.execute(
             "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s",

@@ -12,18 +12,32 @@ own connection.
 Every fold is one statement (one transaction), so no reader ever sees a view change
 because of it; a lock per stream keeps two reducers (two servers on one database) from
 folding the same window at once.
+
+An aggregate joined with tables on read keeps its view's rows of reduced windows joined
+(rewriter/build_joined.py): the fold writes those of the windows it rewrites, and after a
+table changed, the step writes them all anew under the same lock, having put the change
+feed's trigger on the tables (server/feed/tables.py), which counts their changes. A table
+Strata's role may not put a trigger on is joined on read at every read, as before.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import psycopg
 import sqlalchemy as sa
 
-from rewriter.plan import ParallelAggregatePlan, StreamPlan
+from rewriter.plan import JoinedRows, ParallelAggregatePlan, StreamPlan
 from server import faults
 from server.catalog import PlanCache
+from server.errors import NoFeed
+from server.feed.tables import watch
 from server.metrics import Metrics
 from server.settings import DEFAULTS
 from server.workers.loop import Worker
+
+log = logging.getLogger(__name__)
 
 # The first key of the reducer's advisory locks (the second is the stream's name hashed).
 REDUCER_LOCK_SPACE = 5_310
@@ -61,6 +75,8 @@ class Reducer(Worker):
             concurrency=concurrency,
         )
         self.min_rows = min_rows
+        # Streams joining a table whose changes no trigger can count (NoFeed).
+        self._unwatched: set[str] = set()
 
     def applies_to(self, plan: StreamPlan) -> bool:
         return isinstance(plan, ParallelAggregatePlan)
@@ -79,4 +95,23 @@ class Reducer(Worker):
             folded = int(driver.execute(plan.reduce_statement, params).rowcount)
             if folded:
                 faults.reach("reduce_fold", [plan.name], rows=folded)
+            if plan.joined is not None:
+                self._join(driver, plan, plan.joined)
             return folded
+
+    def _join(
+        self, driver: psycopg.Connection[Any], plan: ParallelAggregatePlan, joined: JoinedRows
+    ) -> None:
+        """Write the stream's joined rows anew if a table changed since they were written
+        (or they never were), in the fold's transaction."""
+        row = driver.execute(joined.current_query).fetchone()
+        if row is None or row[0] or plan.name in self._unwatched:
+            return
+        try:
+            watch(driver, plan.name, plan.tables)
+        except NoFeed as refused:
+            self._unwatched.add(plan.name)  # until the server starts again
+            log.info("%s: joined with tables on read at every read: %s", plan.name, refused)
+            return
+        driver.execute(joined.refresh_statement)
+        faults.reach("join_refresh", [plan.name], tables=plan.tables)
