@@ -38,23 +38,29 @@ def replace_views(kind: type[StreamPlan]) -> None:
 
     driver, plans = stored_plans(kind)
     for plan in plans.values():
-        if not _made(driver, plan):
+        if not view_tables_made(driver, plan):
             continue
         for statement in replaced_views(plan):
             driver.execute(statement)
 
 
-def _made(driver: psycopg.Connection, plan: StreamPlan) -> bool:
+def view_tables_made(driver: psycopg.Connection, plan: StreamPlan) -> bool:
     """Whether the tables ``plan``'s view reads exist: a top-N stream that today's rewriter
-    keeps as a serial stream has its archive only from 0026 on, and the migrations before
-    it leave its view (ranked on read) as it is."""
+    keeps as a serial stream has its archive only from 0026 on, an aggregate joined with
+    tables on read its joined rows only from 0029 on, and the migrations before leave its
+    view (ranked, or joined, on read) as it is."""
     from rewriter import naming
-    from rewriter.plan import SerialAggregatePlan
+    from rewriter.plan import ParallelAggregatePlan, SerialAggregatePlan
 
-    if not isinstance(plan, SerialAggregatePlan):
+    if isinstance(plan, SerialAggregatePlan):
+        made = naming.serial_archive_table(plan.name)
+    elif isinstance(plan, ParallelAggregatePlan) and plan.joined is not None:
+        made = naming.joined_seen_table(plan.name)
+    else:
         return True
-    archive = f"{naming.INTERNAL_SCHEMA}.{naming.serial_archive_table(plan.name)}"
-    found = driver.execute("SELECT to_regclass(%s)", (archive,)).fetchone()
+    found = driver.execute(
+        "SELECT to_regclass(%s)", (f"{naming.INTERNAL_SCHEMA}.{made}",)
+    ).fetchone()
     return found is not None and found[0] is not None
 
 

@@ -44,7 +44,7 @@ def _whole_days(size_us: int) -> bool:
 def upgrade() -> None:
     from psycopg import sql
 
-    from migrations.plans import stored_plans
+    from migrations.plans import stored_plans, view_tables_made
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan, SerialAggregatePlan, StreamPlan
     from rewriter.rename import replaced_views
@@ -55,14 +55,11 @@ def upgrade() -> None:
         if not _adds_days(plan.create_statements):
             continue
         archive = naming.serial_archive_table(name)
-        if isinstance(plan, SerialAggregatePlan):
-            found = driver.execute(
-                "SELECT to_regclass(%s)", (f"{naming.INTERNAL_SCHEMA}.{archive}",)
-            ).fetchone()
-            if found is None or found[0] is None:  # a top-N stream 0026 has not archived
-                continue
-        for statement in replaced_views(plan):
-            driver.execute(statement)  # type: ignore[arg-type]
+        if isinstance(plan, SerialAggregatePlan) and not view_tables_made(driver, plan):
+            continue  # a top-N stream 0026 has not archived
+        if view_tables_made(driver, plan):  # joined with tables: 0029 makes its view
+            for statement in replaced_views(plan):
+                driver.execute(statement)  # type: ignore[arg-type]
         if isinstance(plan, ParallelAggregatePlan) and _whole_days(plan.window_size_us):
             end = sql.SQL(fixed_interval(plan.window_size_us).sql("postgres"))
             driver.execute(
