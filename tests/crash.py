@@ -172,6 +172,8 @@ def fired(server: Server, phase: str, key: str, *, within: float = 0) -> dict:
         assert in_flight["windows"], strike
     elif phase in ("sink_write", "sink_produce", "sink_progress", "sink_delivered"):
         assert in_flight["changes"] > 0, strike
+    elif phase == "join_refresh":  # the joined rows written anew, not committed
+        assert in_flight["tables"], strike
     elif phase == "feed_table":  # the positions of the table's changes, not committed
         assert in_flight["changes"], strike
     return strike  # type: ignore[no-any-return]

@@ -10,6 +10,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -210,5 +211,102 @@ def test_kill_while_a_join_batch_commits(tmp_path: Path, target: str) -> None:
                 assert got == want, view
         assert joined == _joined(ledger), "the join differs from the pairs of the rows sent"
         assert len(joined) > 100
+    finally:
+        server.close()
+
+
+# The streams of the kill in the reducer's rewrite of joined rows: dim joined on read.
+JOINED = ("ls", "rs", "lr", "ls_by_group", "lr_by_group")
+
+
+def _current(database_url: str, stream: str) -> bool:
+    """Whether ``stream``'s joined rows follow dim's current version (rewriter/build_joined)."""
+    seen = f"strata_internal.{stream}__joined_seen"
+    with psycopg.connect(database_url) as connection:
+        row = connection.execute(
+            f"SELECT coalesce((SELECT max(seen) FROM {seen}) = (SELECT sum(version) FROM "  # type: ignore[arg-type]
+            "strata_catalog.table_versions WHERE relation = 'dim'::regclass), false)"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not {what} after {timeout:g} s"
+        time.sleep(0.2)
+
+
+def test_kill_while_the_reducer_writes_joined_rows_anew(tmp_path: Path) -> None:
+    """kill -9 of the whole server inside the reducer's rewrite of ls_by_group's joined rows
+    after dim changed (its second; the first came with the stream), runs arriving: the
+    rewrite is rolled back with the fold of its step (PostgreSQL outlives the kill and
+    still has the rows of before, not current, so the views join on read). After the
+    restart every acknowledged run is archived once and the streams joining dim equal
+    their batch queries, their joined rows written anew and equal to the views."""
+    rng = random.Random(8)
+    ledger = Ledger()
+    server = Server(
+        tmp_path / "data",
+        env={"STRATA_REDUCE_INTERVAL": "0.2", "STRATA_REDUCE_MIN_ROWS": "0"},
+    )
+    arm(server, "join_refresh:server:ls_by_group@2")
+    server.start()
+    try:
+        client = httpx.Client(base_url=server.url, timeout=60)
+        with psycopg.connect(server.database_url, autocommit=True) as connection:
+            for statement in TABLE:
+                connection.execute(statement)  # type: ignore[arg-type]
+        for statement in STREAMS:
+            if statement.split()[2] in JOINED:
+                client.post("/streams", json={"sql": statement}).raise_for_status()
+        for i in range(6):
+            stream, column = ("ls", "v") if i % 2 else ("rs", "w")
+            assert ledger.post(
+                server.url, f"before-{i}", _body(rng, column), wait=True, stream=stream
+            )
+        _until(lambda: _current(server.database_url, "ls_by_group"), "written")
+        with psycopg.connect(server.database_url, autocommit=True) as connection:
+            connection.execute("UPDATE dim SET g = g + 1 WHERE k % 2 = 0")
+        for i in range(4):
+            stream, column = ("ls", "v") if i % 2 else ("rs", "w")
+            ledger.post(server.url, f"during-{i}", _body(rng, column), wait=False, stream=stream)
+        assert server.process is not None
+        assert server.process.wait(timeout=120) == -signal.SIGKILL
+        strike = fired(server, "join_refresh", "ls_by_group")
+        assert strike["in_flight"]["tables"] == ["dim"]
+        assert not _current(server.database_url, "ls_by_group")  # rolled back
+
+        disarm(server)
+        server.start()
+        client = httpx.Client(base_url=server.url, timeout=60)
+        found = wait_until_settled(client, set(ledger.bodies))
+        assert {found[r] for r in ledger.acknowledged} == {"committed"}, found
+        for run_id, (stream, body) in sorted(ledger.bodies.items()):
+            assert ledger.post(server.url, run_id, body, wait=True, stream=stream), run_id
+        totals = check_ledger(server.database_url, ledger)
+        for stream in ("ls", "rs"):
+            assert totals[stream] == len(_sent(ledger, stream)), stream
+        for stream in ("ls_by_group", "lr_by_group"):
+            _until(lambda s=stream: _current(server.database_url, s), f"{stream} written")
+        kept = {
+            "SELECT g, n, v, window_start FROM ls_by_group": (
+                "SELECT g, n, v, window_start FROM strata_internal.ls_by_group__joined"
+            ),
+            "SELECT g, w, window_end FROM lr_by_group": (
+                "SELECT g, w, window_end FROM strata_internal.lr_by_group__joined"
+            ),
+        }
+        with psycopg.connect(server.database_url) as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            waiting = connection.execute(
+                "SELECT EXISTS (SELECT FROM strata_internal.ls_by_group__partial)"
+            ).fetchone()
+            for view, joined in kept.items():
+                got = canonical(connection.execute(view).fetchall())  # type: ignore[arg-type]
+                want = canonical(connection.execute(ORACLES[view]).fetchall())  # type: ignore[arg-type]
+                assert got == want and len(got) > 5, view
+                if waiting == (False,) and view.endswith("ls_by_group"):
+                    assert got == canonical(connection.execute(joined).fetchall()), view  # type: ignore[arg-type]
     finally:
         server.close()
