@@ -195,10 +195,40 @@ def _versions(tables: Sequence[str]) -> exp.Expr:
 
 def _current(seen: exp.Table, tables: Sequence[str]) -> exp.Expr:
     """Whether the joined rows were written at the tables' versions now (false before they
-    were first written): one check per read, which PostgreSQL makes before the branches."""
+    were first written), and the trigger counting the tables' changes is on each of them,
+    enabled (a trigger dropped or disabled would leave changes uncounted): checks made once
+    per read, which PostgreSQL makes before the branches."""
     written = (
         exp.select(exp.Max(this=exp.column(_SEEN, table="s")))
         .from_(exp.alias_(seen.copy(), "s", table=True))
         .subquery()
     )
-    return exp.func("COALESCE", exp.EQ(this=written, expression=_versions(tables)), exp.false())
+    distinct = list(dict.fromkeys(tables))
+    regclass = exp.DataType.build("regclass", dialect="postgres")
+    triggers = (
+        exp.select(exp.Count(this=exp.Star()))
+        .from_(exp.alias_(exp.table_("pg_trigger", db="pg_catalog"), "t", table=True))
+        .where(
+            exp.and_(
+                exp.In(
+                    this=exp.column("tgrelid", table="t"),
+                    expressions=[exp.cast(exp.Literal.string(t), regclass) for t in distinct],
+                ),
+                exp.EQ(
+                    this=exp.column("tgname", table="t"),
+                    expression=exp.Literal.string(naming.FEED_TABLE_TRIGGER),
+                ),
+                exp.In(
+                    this=exp.column("tgenabled", table="t"),
+                    expressions=[exp.Literal.string("O"), exp.Literal.string("A")],
+                ),
+            )
+        )
+        .subquery()
+    )
+    return exp.paren(
+        exp.and_(
+            exp.func("COALESCE", exp.EQ(this=written, expression=_versions(tables)), exp.false()),
+            exp.EQ(this=triggers, expression=exp.Literal.number(len(distinct))),
+        )
+    )

@@ -114,6 +114,51 @@ def test_the_view_reads_the_joined_rows_and_follows_every_table_change(
     assert _current(strata, plan) and same(strata, view, spend_oracle(shop)) == 0
 
 
+def test_changes_the_trigger_cannot_count_leave_the_view_joined_on_read(
+    module_strata: Strata,
+) -> None:
+    """The joined rows are read only while the trigger counting the table's changes is on
+    it and enabled: fired ALWAYS, it counts a replica session's changes (a logical
+    replication subscription's apply); disabled or dropped, the view joins on read."""
+    strata = module_strata
+    shop = Shop(strata, random.Random(89))
+    plan = _spend(strata, shop, "joined_trigger")
+    view = f"SELECT {_SPEND_COLUMNS} FROM {plan.name}"
+    for late in (0, 3, 1):
+        strata.ingest(shop.imp, shop.run(100, hours_late=late))
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert _current(strata, plan)
+    trigger = naming.FEED_TABLE_TRIGGER
+    enabled = f"SELECT tgenabled FROM pg_trigger WHERE tgrelid = '{shop.campaigns}'::regclass"
+    assert strata.query(enabled) == [("A",)]
+
+    with psycopg.connect(strata.database_url, autocommit=True) as replica:
+        replica.execute("SET session_replication_role = replica")
+        replica.execute(f"UPDATE {shop.campaigns} SET owner = 'o7' WHERE campaign = 'c2'")
+    shop.owners["c2"] = "o7"
+    assert not _current(strata, plan)
+    same(strata, view, spend_oracle(shop))
+
+    reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=0)
+    reducer.run_once()
+    assert _current(strata, plan)
+    execute(strata, f"ALTER TABLE {shop.campaigns} DISABLE TRIGGER {trigger}")
+    assert not _current(strata, plan)
+    shop.upsert("c1", "o6")  # not counted
+    same(strata, view, spend_oracle(shop))
+    reducer.run_once()  # left as the user made it: joined on read
+    assert not _current(strata, plan) and strata.query(enabled) == [("D",)]
+    same(strata, view, spend_oracle(shop))
+
+    execute(strata, f"DROP TRIGGER {trigger} ON {shop.campaigns}")
+    shop.upsert("c3", "o5")
+    same(strata, view, spend_oracle(shop))
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()  # a restart
+    assert _current(strata, plan) and strata.query(enabled) == [("A",)]
+    same(strata, view, spend_oracle(shop))
+    same(strata, view, _joined(plan))
+
+
 def test_a_reader_sees_every_snapshot_exact_while_runs_folds_and_table_changes_interleave(
     strata: Strata,
 ) -> None:

@@ -37,21 +37,23 @@ def watch(driver: psycopg.Connection[Any], stream: str, tables: tuple[str, ...])
     oids: list[int] = []
     for name in tables:
         row = driver.execute(
-            "SELECT c.oid, c.relkind, EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = c.oid "
-            "AND t.tgname = %s) FROM pg_class c WHERE c.oid = to_regclass(%s)",
+            "SELECT c.oid, c.relkind, (SELECT t.tgenabled FROM pg_trigger t WHERE "
+            "t.tgrelid = c.oid AND t.tgname = %s) FROM pg_class c WHERE c.oid = to_regclass(%s)",
             (FEED_TABLE_TRIGGER, _quoted(name)),
         ).fetchone()
         if row is None:
             raise NoFeed(f"{stream!r} joins {name!r}, which no longer exists")
-        oid, kind, triggered = row
+        oid, kind, enabled = row
         if kind != "r":
             raise NoFeed(
                 f"{stream!r} joins the {_KINDS.get(kind, 'relation')} {name!r} on read, whose "
                 "changes no trigger sees: the change feed follows streams joining tables; "
                 "join a table (CREATE TABLE ... AS, kept up to date) to follow it"
             )
-        if not triggered:
+        if enabled is None:
             _add_trigger(driver, stream, name)
+        elif enabled == "O":  # made by an earlier release: not fired in replica sessions
+            _fire_always(driver, name)
         oids.append(int(oid))
     driver.execute(
         sql.SQL("INSERT INTO {} (relation) SELECT unnest(%s::oid[]) ON CONFLICT DO NOTHING").format(
@@ -81,6 +83,23 @@ def _add_trigger(driver: psycopg.Connection[Any], stream: str, name: str) -> Non
             f"with a trigger, and the role {role[0] if role else '?'} Strata runs as may not "
             f"create one: its owner can GRANT TRIGGER ON {name} TO that role"
         ) from None
+    _fire_always(driver, name)
+
+
+def _fire_always(driver: psycopg.Connection[Any], name: str) -> None:
+    """Fire the trigger ALWAYS, in sessions with session_replication_role = replica too (a
+    logical replication subscription's apply, for one), where Strata's role owns the table
+    (ALTER TABLE's privilege; GRANT TRIGGER is not enough): otherwise it fires as created,
+    for every other session."""
+    statement = sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+        sql.SQL(".").join(sql.Identifier(part) for part in _qualified(driver, name)),
+        sql.Identifier(FEED_TABLE_TRIGGER),
+    )
+    try:
+        with driver.transaction():
+            driver.execute(statement)
+    except pg_errors.InsufficientPrivilege:
+        pass
 
 
 def _qualified(driver: psycopg.Connection[Any], name: str) -> tuple[str, str]:

@@ -115,3 +115,9 @@ class Reducer(Worker):
             return
         driver.execute(joined.refresh_statement)
         faults.reach("join_refresh", [plan.name], tables=plan.tables)
+        row = driver.execute(joined.current_query).fetchone()
+        if row is None or not row[0]:  # a trigger there but disabled: left as it is
+            self._unwatched.add(plan.name)
+            log.info(
+                "%s: joined with tables on read at every read: a trigger is disabled", plan.name
+            )
