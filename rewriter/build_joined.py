@@ -19,12 +19,13 @@ current:
 - windows that late data waits in are merged and joined on read, as the other windows of
   an aggregate view are (rewriter/build_views.py).
 
-So the view is two branches: the joined rows of the windows nothing waits in, when they
-are current; and the partial rows joined on read, of every window when they are not, of
-the windows late data waits in when they are (a check PostgreSQL makes once per read, which
-leaves out whole branches of the plan). One join and aggregate to plan, not two: planning
-is most of a caught-up read. Each read sees one snapshot, in which the joined rows, the
-states, the tables and their versions agree.
+So the view is three branches, each behind a check PostgreSQL makes once per read (the
+stream's check function, naming.joined_current_function): the joined rows of the windows
+nothing waits in, when they are current; every window joined on read, when they are not;
+the windows late data waits in joined on read, when they are. A branch whose check fails
+is not run, and starts no parallel workers: the check is PARALLEL RESTRICTED, so it is
+made above them (rewriter.ddl.create_check_function). Each read sees one snapshot, in
+which the joined rows, the states, the tables and their versions agree.
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from rewriter import naming
-from rewriter.build_views import folded_rows, in_waiting_window, merged_rows, reduced_rows
-from rewriter.ddl import create_index, drop, table
+from rewriter.build_views import (
+    folded_rows,
+    in_waiting_window,
+    partial_rows,
+    reduced_rows,
+    waiting_rows,
+)
+from rewriter.ddl import check_call, create_check_function, create_index, drop, table
 from rewriter.plan import JoinedRows
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_query import SplitQuery
@@ -74,7 +81,8 @@ def build_joined(
     joined tables as the statement names them (schema-qualified or not, quoted as SQL)."""
     joined = table(naming.joined_table(name))
     seen = table(naming.joined_seen_table(name))
-    current = _current(seen, tables)
+    function = naming.joined_current_function(name)
+    current = check_call(function)
     columns = [exp.to_identifier(c, quoted=True) for c in (*outputs, _KEPT)]
 
     def kept(rows: exp.Expr) -> exp.Select:
@@ -117,8 +125,9 @@ def build_joined(
             )
         )
     )
-    merged = over(merged_rows(name, split, window, exp.Not(this=current.copy()), current.copy()))
-    view = exp.union(stored, merged, distinct=False)
+    every_window = over(partial_rows(name, split, window)).where(exp.Not(this=current.copy()))
+    waiting = over(waiting_rows(name, split, window)).where(current.copy())
+    view = exp.union(exp.union(stored, every_window, distinct=False), waiting, distinct=False)
 
     changed = (
         exp.select(exp.column(naming.WINDOW_START_COLUMN))
@@ -161,8 +170,17 @@ def build_joined(
     ):
         refresh = refresh.with_(alias, as_=step)
     return Joined(
-        create_statements=(create_joined, *indexes, create_seen),
-        drop_statements=(drop("TABLE", joined), drop("TABLE", seen)),
+        create_statements=(
+            create_joined,
+            *indexes,
+            create_seen,
+            create_check_function(function, exp.select(_current(seen, tables))),
+        ),
+        drop_statements=(
+            drop("FUNCTION", table(function)),
+            drop("TABLE", joined),
+            drop("TABLE", seen),
+        ),
         view=view,
         fold_steps=fold_steps,
         rows=JoinedRows(
@@ -196,8 +214,8 @@ def _versions(tables: Sequence[str]) -> exp.Expr:
 def _current(seen: exp.Table, tables: Sequence[str]) -> exp.Expr:
     """Whether the joined rows were written at the tables' versions now (false before they
     were first written), and the trigger counting the tables' changes is on each of them,
-    enabled (a trigger dropped or disabled would leave changes uncounted): checks made once
-    per read, which PostgreSQL makes before the branches."""
+    enabled (a trigger dropped or disabled would leave changes uncounted): the body of the
+    stream's check function, which a read calls once, before the branches."""
     written = (
         exp.select(exp.Max(this=exp.column(_SEEN, table="s")))
         .from_(exp.alias_(seen.copy(), "s", table=True))

@@ -137,27 +137,20 @@ def reduced_rows(name: str, split: SplitQuery) -> exp.Expr:
     )
 
 
-def merged_rows(
-    name: str, split: SplitQuery, window: WindowSpec, every: exp.Expr, otherwise: exp.Expr
-) -> exp.Expr:
-    """The partial rows a view merging on read merges, not yet aliased: the unreduced ones,
-    and the consolidated states of every window where ``every`` holds, of the windows
-    holding unreduced rows where ``otherwise`` (its negation) does: checks PostgreSQL makes
-    once per read."""
+def waiting_rows(name: str, split: SplitQuery, window: WindowSpec) -> exp.Expr:
+    """The partial rows of the windows holding unreduced ones (late data the reducer has
+    not folded yet), not yet aliased: the unreduced rows and those windows' consolidated
+    states."""
     columns = _state_columns(split)
     unreduced = exp.select(*(exp.column(c) for c in columns)).from_(
         exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
     )
-    states = exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True)
-    every_window = exp.select(*(exp.column(c) for c in columns)).from_(states).where(every)
     touched = (
         exp.select(*(exp.column(c) for c in columns))
-        .from_(states.copy())
-        .where(exp.and_(otherwise, _in_touched(name, window)))
+        .from_(exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True))
+        .where(_in_touched(name, window))
     )
-    return exp.union(
-        exp.union(unreduced, every_window, distinct=False), touched, distinct=False
-    ).subquery()
+    return exp.union(unreduced, touched, distinct=False).subquery()
 
 
 def folded_rows(split: SplitQuery) -> exp.Expr:

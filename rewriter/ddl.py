@@ -100,6 +100,37 @@ def create_set_function(name: str, rows_of: exp.Table, query: exp.Query) -> str:
     )
 
 
+def create_check_function(name: str, query: exp.Query) -> str:
+    """``CREATE OR REPLACE FUNCTION`` INTERNAL_SCHEMA.``name``() returning the boolean
+    ``query`` computes: a check a view makes once per read (a one-time filter), in a
+    function so that it is planned once per session, not at every read. PARALLEL
+    RESTRICTED: PostgreSQL then evaluates the filter in the leader, above any parallel
+    workers of what it gates, and starts none when it is false (a filter of plain initial
+    plans it put below them, and the workers started for nothing cost a caught-up read
+    more than the read). STABLE, with its owner's privileges and pg_catalog first on its
+    search path, as create_set_function's."""
+    return (
+        sql.SQL(
+            CREATE_FUNCTION + "{name}() RETURNS boolean LANGUAGE sql STABLE "
+            "PARALLEL RESTRICTED SECURITY DEFINER SET search_path = pg_catalog, public, "
+            "pg_temp AS {body}"
+        )
+        .format(
+            name=sql.Identifier(naming.INTERNAL_SCHEMA, name),
+            body=_dollar_quoted(query.sql("postgres")),
+        )
+        .as_string()
+    )
+
+
+def check_call(name: str) -> exp.Expr:
+    """INTERNAL_SCHEMA.``name``() in an expression (``name`` needs no quotes)."""
+    return exp.Dot(
+        this=exp.to_identifier(naming.INTERNAL_SCHEMA, quoted=True),
+        expression=exp.Anonymous(this=name, expressions=[]),
+    )
+
+
 def _dollar_quoted(body: str) -> sql.Composable:
     """A function's body between dollar quotes whose tag it does not hold."""
     tag = "strata"

@@ -178,6 +178,11 @@ def joined_seen_table(stream: str) -> str:
     return fit(f"{stream}__joined_seen")
 
 
+def joined_current_function(stream: str) -> str:
+    """Function (in INTERNAL_SCHEMA) saying whether a stream's joined rows are current."""
+    return _function_name("strata_joined", stream)
+
+
 def serial_archive_table(stream: str) -> str:
     """Archive of a serial stream: its rows for the windows already materialized."""
     return fit(f"{stream}__serial")

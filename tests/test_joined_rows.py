@@ -21,6 +21,7 @@ import pytest
 from rewriter import naming
 from rewriter.plan import ParallelAggregatePlan
 from server.catalog import migrate
+from server.security import READER_ROLE
 from server.workers.reducer import Reducer
 from tests.conftest import Strata
 from tests.oracle import SnapshotReader, execute, same
@@ -68,6 +69,12 @@ def test_the_view_reads_the_joined_rows_and_follows_every_table_change(
     assert _current(strata, plan) and _waiting(strata, plan) == 0
     assert same(strata, view, spend_oracle(shop)) > 5
     assert same(strata, view, _joined(plan)) > 5  # every row kept joined
+
+    # As dashboards read it: the role strata_reader reads the view, the check included.
+    with psycopg.connect(strata.database_url, autocommit=True) as reader:
+        reader.execute(f"SET ROLE {READER_ROLE}")
+        got = sorted(reader.execute(view).fetchall())  # type: ignore[arg-type]
+    assert got == sorted(strata.query(spend_oracle(shop)))
 
     # The view reads them: a kept row changed by hand shows in it (and is put back).
     kept = f"{naming.INTERNAL_SCHEMA}.{naming.joined_table(plan.name)}"
@@ -221,11 +228,15 @@ def test_the_upgrade_keeps_joined_views_exact(strata: Strata) -> None:
     same(strata, view, spend_oracle(shop))
 
     def made() -> list[bool]:
+        """The joined table, the seen table and the check function exist."""
+        internal = naming.INTERNAL_SCHEMA
         return [
-            strata.query("SELECT to_regclass(%s) IS NOT NULL", f"{naming.INTERNAL_SCHEMA}.{t}")[0][
-                0
-            ]
-            for t in (naming.joined_table(plan.name), naming.joined_seen_table(plan.name))
+            strata.query(f"SELECT {probe}(%s) IS NOT NULL", f"{internal}.{name}")[0][0]
+            for probe, name in (
+                ("to_regclass", naming.joined_table(plan.name)),
+                ("to_regclass", naming.joined_seen_table(plan.name)),
+                ("to_regprocedure", f"{naming.joined_current_function(plan.name)}()"),
+            )
         ]
 
     def reads_joined_rows() -> bool:
@@ -234,13 +245,13 @@ def test_the_upgrade_keeps_joined_views_exact(strata: Strata) -> None:
 
     assert reads_joined_rows()
     downgrade_to(strata.service.engine, "0028")
-    assert made() == [False, False] and not reads_joined_rows()
+    assert made() == [False, False, False] and not reads_joined_rows()
     same(strata, view, spend_oracle(shop))
     shop.upsert("c3", "o8")  # the previous release joins on read: nothing to follow
     same(strata, view, spend_oracle(shop))
 
     migrate(strata.service.engine)
-    assert made() == [True, True] and reads_joined_rows() and not _current(strata, plan)
+    assert made() == [True, True, True] and reads_joined_rows() and not _current(strata, plan)
     same(strata, view, spend_oracle(shop))
     reducer.run_once()
     assert _current(strata, plan) and _waiting(strata, plan) == 0

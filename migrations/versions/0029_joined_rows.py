@@ -4,12 +4,13 @@ tables: a dashboard's 6 hours of 1,000 campaigns summed by their 20 owners read 
 partial rows for 7,200 result rows.
 
 Upgrade: every such stream gets its joined table (and its indexes) and its seen table,
-empty, and its view replaced: the same columns of the same types, the same rows. Until the
-reducer's next pass writes the joined rows (with the tables' versions they were joined
-at), the view joins every window on read, as before.
+empty, the function its view checks them with, and its view replaced: the same columns
+of the same types, the same rows. Until the reducer's next pass writes the joined rows
+(with the tables' versions they were joined at), the view joins every window on read, as
+before.
 
-Downgrade: the view joining every window on read back, the two tables dropped; the
-previous release's reducer does not keep joined rows.
+Downgrade: the view joining every window on read back, the function and the two tables
+dropped; the previous release's reducer does not keep joined rows.
 
 Revision ID: 0029
 Revises: 0028
@@ -56,6 +57,11 @@ def downgrade() -> None:
         on_read = sqlglot.parse_one(plan.view_query, read="postgres")
         assert isinstance(on_read, exp.Query)
         replace_view(driver, name, on_read)
+        driver.execute(
+            sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                sql.Identifier(naming.INTERNAL_SCHEMA, naming.joined_current_function(name))
+            )
+        )
         for table in (naming.joined_table(name), naming.joined_seen_table(name)):
             driver.execute(
                 sql.SQL("DROP TABLE IF EXISTS {}").format(
