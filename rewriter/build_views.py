@@ -294,22 +294,13 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
     ).from_(exp.alias_(table(naming.consolidated_table(name)), "c", table=True))
     if split.having is not None:
         reduced = reduced.where(_over_finals(split.having, split, window))
-    columns = _state_columns(split)
-    unreduced = exp.select(*(exp.column(c) for c in columns)).from_(
-        exp.alias_(_unreduced_rows(name, split, window), "u", table=True)
-    )
-    touched = (
-        exp.select(*(exp.column(c) for c in columns))
-        .from_(exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True))
-        .where(_in_touched(name, window))
-    )
     merged = (
         exp.select(
             *(exp.alias_(e, n, quoted=True) for n, e in outputs),
             exp.alias_(exp.column(naming.WINDOW_START_COLUMN), window_start, quoted=True),
             exp.alias_(exp.false(), stored, quoted=True),
         )
-        .from_(exp.union(unreduced, touched, distinct=False).subquery("partials"))
+        .from_(exp.alias_(waiting_rows(name, split, window), "partials", table=True))
         .group_by(*_group_columns(split))
     )
     if split.having is not None:

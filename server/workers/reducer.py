@@ -96,10 +96,10 @@ class Reducer(Worker):
             if folded:
                 faults.reach("reduce_fold", [plan.name], rows=folded)
             if plan.joined is not None:
-                self._join(driver, plan, plan.joined)
+                self._keep_joined(driver, plan, plan.joined)
             return folded
 
-    def _join(
+    def _keep_joined(
         self, driver: psycopg.Connection[Any], plan: ParallelAggregatePlan, joined: JoinedRows
     ) -> None:
         """Write the stream's joined rows anew if a table changed since they were written
