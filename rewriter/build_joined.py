@@ -43,7 +43,15 @@ from rewriter.build_views import (
     reduced_rows,
     waiting_rows,
 )
-from rewriter.ddl import check_call, create_check_function, create_index, drop, table
+from rewriter.ddl import (
+    check_call,
+    column_def,
+    create_check_function,
+    create_index,
+    create_table,
+    drop,
+    table,
+)
 from rewriter.plan import JoinedRows
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_query import SplitQuery
@@ -101,15 +109,7 @@ def build_joined(
         create_index(naming.joined_index(name, purpose), joined, [exp.column(column, quoted=True)])
         for purpose, column in (("window", _KEPT), *((f"by_{c}", c) for c in time_outputs))
     ]
-    create_seen = exp.Create(
-        this=exp.Schema(
-            this=seen.copy(),
-            expressions=[
-                exp.ColumnDef(this=exp.to_identifier(_SEEN), kind=exp.DataType.build("bigint"))
-            ],
-        ),
-        kind="TABLE",
-    ).sql("postgres")
+    create_seen = create_table(seen, [column_def(_SEEN, "bigint")])
 
     stored = (
         exp.select(*(exp.column(c, table="j", quoted=True) for c in outputs))

@@ -55,9 +55,10 @@ def upgrade() -> None:
         if not _adds_days(plan.create_statements):
             continue
         archive = naming.serial_archive_table(name)
-        if isinstance(plan, SerialAggregatePlan) and not view_tables_made(driver, plan):
+        made = view_tables_made(driver, plan)
+        if isinstance(plan, SerialAggregatePlan) and not made:
             continue  # a top-N stream 0026 has not archived
-        if view_tables_made(driver, plan):  # joined with tables: 0029 makes its view
+        if made:  # not yet for one joined with tables: 0029 makes its view
             for statement in replaced_views(plan):
                 driver.execute(statement)  # type: ignore[arg-type]
         if isinstance(plan, ParallelAggregatePlan) and _whole_days(plan.window_size_us):
