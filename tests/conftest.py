@@ -34,9 +34,9 @@ os.environ.setdefault("STRATA_SPARK_WARMUP", "0")
 # master and workers) compiles with the client compiler only and collects with the serial
 # collector, unless JAVA_TOOL_OPTIONS says otherwise. The tests' JVMs live seconds to
 # minutes and run small jobs: the optimising compiler's work at every start cost more CPU
-# than it saved (on 2 cores, 20-25% of the wall time of the crash, stop and grouping-set
-# tests). Speed only: the same code runs. `strata up` and the benchmarks keep the JVM's
-# defaults.
+# than it saved (on 2 cores, 14-24% of the wall time of the crash, stop and grouping-set
+# tests; 6% of the whole suite's). Speed only: the same code runs. `strata up` and the
+# benchmarks keep the JVM's defaults.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # Hypothesis profiles. "ci" (the default) is derandomized: CI runs the same examples every
