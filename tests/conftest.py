@@ -24,6 +24,7 @@ from server.engines.spark import create_spark_session, stop_spark_session
 from server.runtime import Runtime, assemble
 from server.settings import Settings
 from server.workers.backfill import wait_for
+from tests.jvm_archive import java_options
 
 # Servers the tests start as subprocesses (the benchmarks' at smoke scale among them) skip
 # Spark's start-up warm-up, whose CPU would slow the other tests down; tests/test_warmup.py
@@ -36,8 +37,11 @@ os.environ.setdefault("STRATA_SPARK_WARMUP", "0")
 # minutes and run small jobs: the optimising compiler's work at every start cost more CPU
 # than it saved (on 2 cores, 14-24% of the wall time of the crash, stop and grouping-set
 # tests; 6% of the whole suite's). Speed only: the same code runs. `strata up` and the
-# benchmarks keep the JVM's defaults.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# benchmarks keep the JVM's defaults. Spark's drivers also start from a class-data archive
+# made once per JDK and pyspark (tests/jvm_archive.py): a driver's start and first job take
+# 8 s of CPU instead of 14.
+if "JAVA_TOOL_OPTIONS" not in os.environ:
+    os.environ["JAVA_TOOL_OPTIONS"] = java_options("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # Hypothesis profiles. "ci" (the default) is derandomized: CI runs the same examples every
 # time, so a red run is reproducible and a green one is not luck. "nightly" draws fresh,
