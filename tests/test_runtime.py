@@ -291,6 +291,34 @@ def test_find_java_home_gives_a_working_java_17_or_newer() -> None:
     assert "version" in result.stderr
 
 
+# Starts Spark in a thread (as `strata up` does beside PostgreSQL), gives up on it, and
+# prints the processes it has left.
+ABANDONS = """
+import psutil
+from server.engines.spark import Starting, create_spark_session
+starting = Starting(lambda: create_spark_session("local[1]"))
+{made}
+starting.abandon(60)
+print(sorted(child.name() for child in psutil.Process().children(recursive=True)))
+"""
+
+
+@pytest.mark.parametrize("made", ["", "starting.result()"], ids=["launching", "made"])
+def test_an_abandoned_spark_start_leaves_no_jvm(made: str) -> None:
+    """A start-up cut short (a signal, PostgreSQL failing to start) ends Spark's start:
+    the JVM being launched, or the session made meanwhile, is gone when abandon returns."""
+    result = subprocess.run(
+        [sys.executable, "-c", ABANDONS.format(made=made)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
+
+
 def test_find_java_home_skips_a_bad_java_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

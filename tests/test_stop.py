@@ -227,6 +227,27 @@ def test_stop_signal_during_start_up(tmp_path: Path) -> None:
         server.close()
 
 
+def test_a_failed_postgresql_start_ends_sparks_start_too(tmp_path: Path) -> None:
+    """Spark starts beside PostgreSQL (server/runtime.py): when PostgreSQL cannot start,
+    `strata up` exits with PostgreSQL's error and leaves no JVM behind."""
+    server = Server(tmp_path / "data")
+    try:
+        server.start()
+        server.stop()
+        with (server.data_dir / "postgres/pgdata/postgresql.conf").open("a") as conf:
+            conf.write("shared_buffers = 'lots'\n")
+        server.start(wait=False)
+        assert server.process is not None
+        assert server.process.wait(timeout=120) != 0
+        log = server.log.read_text(errors="replace")
+        started = log.rindex("starting Spark")
+        assert "shared_buffers" in log[started:], log[started:]
+        assert "SQL port listening" not in log[started:]
+        _assert_nothing_left(server.data_dir)
+    finally:
+        server.close()
+
+
 def test_kill_9_and_no_restart_stops_postgres_after_the_linger(tmp_path: Path) -> None:
     linger = 2.0
     server = Server(tmp_path / "data", env={"STRATA_POSTGRES_LINGER": str(linger)})

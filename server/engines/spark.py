@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -130,6 +131,46 @@ def create_spark_session(
             log.warning("Reusing the running SparkSession; its static settings are unchanged")
             shutil.rmtree(temp_dir, ignore_errors=True)
     return spark
+
+
+class Starting:
+    """A SparkSession being made in a thread of its own, so that the caller starts something
+    else meanwhile (`strata up` starts PostgreSQL and migrates its catalog while Spark's JVM
+    starts: neither needs the other). pyspark then leaves SIGINT's handler alone, as it
+    does for a context made outside the main thread."""
+
+    def __init__(self, start: Callable[[], SparkSession]) -> None:
+        self._session: SparkSession | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(start,), name="strata-spark-start", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, start: Callable[[], SparkSession]) -> None:
+        try:
+            self._session = start()
+        except BaseException as error:  # noqa: BLE001 - raised again by result()
+            self._error = error
+
+    def result(self) -> SparkSession:
+        """The session, once made; what its start raised, if it failed. A signal's
+        handler interrupts the wait."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._session is not None
+        return self._session
+
+    def abandon(self, timeout: float) -> None:
+        """The start-up was cut short: end the JVM being launched, and stop the session if
+        it was made all the same, within about ``timeout`` seconds."""
+        kill_driver_jvms()
+        self._thread.join(timeout)
+        if self._session is not None:
+            stop_spark_session(self._session, max(1.0, timeout))
+        # A JVM launched between the first kill and the thread's end, if any.
+        kill_driver_jvms()
 
 
 def local_cores(master: str) -> int:
