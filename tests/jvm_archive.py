@@ -1,8 +1,8 @@
 """The class-data archive the tests' Spark driver JVMs start from, made once per JDK and
 pyspark install and kept in the user's cache directory.
 
-A Spark driver loads some 10,000 classes at its start, and the suite starts well over a
-hundred drivers (each `strata up`, each crash cell's restart, each HA node). A dynamic
+A Spark driver loads some 10,000 classes at its start, and the suite starts one for each
+`strata up`: each end-to-end test, each crash cell's restart, each HA node. A dynamic
 class-data-sharing archive (JDK 13+: `-XX:ArchiveClassesAtExit`, then
 `-XX:SharedArchiveFile`) maps those classes parsed and verified instead: measured here, a
 session's start and first job went from 13.8-16.8 s to 9.4-10.7 s. Speed only: the JVM
