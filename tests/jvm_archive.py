@@ -114,16 +114,14 @@ def _make(path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from server.engines.spark import create_spark_session, stop_spark_session
-
-    spark = create_spark_session(
-        "local[2]",
-        extra_conf={
-            "spark.driver.extraJavaOptions": (
-                f"-Duser.timezone=UTC -XX:GCTimeRatio=4 -XX:ArchiveClassesAtExit={path}"
-            )
-        },
+    from server.engines.spark import (
+        DRIVER_JAVA_OPTIONS,
+        create_spark_session,
+        stop_spark_session,
     )
+
+    dumping = f"{DRIVER_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={path}"
+    spark = create_spark_session("local[2]", extra_conf={"spark.driver.extraJavaOptions": dumping})
     try:
         rows = pa.table(
             {

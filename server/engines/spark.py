@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
 
+# The driver JVM's options (see create_spark_session for why each).
+DRIVER_JAVA_OPTIONS = "-Duser.timezone=UTC -XX:GCTimeRatio=4"
+
 # Scratch dirs that create_spark_session made itself, removed again by stop_spark_session.
 _owned_temp_dirs: dict[int, Path] = {}
 
@@ -84,7 +87,7 @@ def create_spark_session(
         # benchmark's peak memory by about a third at the same speed. The heap's maximum
         # (STRATA_SPARK_DRIVER_MEMORY, 1g as in Spark) caps it: at 2g the ingest benchmark's
         # JVM still held 1.2 GB, at 1g 0.8 GB, at the same rows per second.
-        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:GCTimeRatio=4",
+        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.local.dir": str(local_dir / "scratch"),
         "spark.sql.warehouse.dir": str(local_dir / "warehouse"),
