@@ -180,6 +180,21 @@ def committed_runs(database_url: str) -> dict[str, int]:
     return {run_id: n for run_id, n in rows}
 
 
+def caught_up(
+    cluster: Cluster, runs: set[str], names: Iterable[str] = NAMES, timeout: float = 180
+) -> None:
+    """Wait until every node of ``names`` holds every run of ``runs`` (acknowledged runs,
+    taken from the ledger at some moment): what GET /cluster shows as no run behind a
+    peer, checked against the clients' ledger instead of the nodes' own counts."""
+    for name in names:
+        url = cluster.nodes[name].database_url
+        wait_until(
+            lambda url=url: runs <= set(committed_runs(url)),
+            f"node {name} to hold the {len(runs)} runs acknowledged so far",
+            timeout=timeout,
+        )
+
+
 def converged(
     cluster: Cluster, ledger: Ledger, names: Iterable[str] = NAMES, timeout: float = 180
 ) -> None:
