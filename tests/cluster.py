@@ -187,12 +187,11 @@ def caught_up(
     taken from the ledger at some moment): what GET /cluster shows as no run behind a
     peer, checked against the clients' ledger instead of the nodes' own counts."""
     for name in names:
-        url = cluster.nodes[name].database_url
-        wait_until(
-            lambda url=url: runs <= set(committed_runs(url)),
-            f"node {name} to hold the {len(runs)} runs acknowledged so far",
-            timeout=timeout,
-        )
+
+        def holds(url: str = cluster.nodes[name].database_url) -> bool:
+            return runs <= set(committed_runs(url))
+
+        wait_until(holds, f"node {name} to hold the {len(runs)} runs acknowledged so far", timeout)
 
 
 def converged(

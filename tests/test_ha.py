@@ -665,7 +665,9 @@ def test_a_random_schedule_of_faults_under_load(
                 load.wait_for(len(clients.ledger.acknowledged) + 5)
                 cluster.start([name])
                 if fault == "wipe":
-                    caught_up(cluster, set(clients.ledger.acknowledged))
+                    with clients.lock:  # the load's threads add to it
+                        acknowledged = set(clients.ledger.acknowledged)
+                    caught_up(cluster, acknowledged)
             elif fault == "pause":
                 assert process is not None
                 os.kill(process.pid, signal.SIGSTOP)
