@@ -57,6 +57,8 @@ def _test_workers() -> list[str]:
     cores ran the suite in 1,640 s where one took 2,312-2,540 s. 1 runs it in this process."""
     setting = os.environ.get("STRATA_TEST_WORKERS", "")
     if setting:
+        if not setting.isdigit() or int(setting) < 1:
+            sys.exit(f"STRATA_TEST_WORKERS is a number of processes (1 or more), not {setting!r}")
         workers = int(setting)
     elif hasattr(os, "sysconf"):  # not on Windows: one process there
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -16,6 +16,10 @@ def test_the_suite_runs_in_the_processes_strata_test_workers_names(
     assert dev._test_workers() == ["-n", "3", "--dist", "loadfile"]
     monkeypatch.setenv("STRATA_TEST_WORKERS", "1")
     assert dev._test_workers() == []
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv("STRATA_TEST_WORKERS", wrong)
+        with pytest.raises(SystemExit, match=f"not '{wrong}'"):
+            dev._test_workers()
 
 
 @pytest.mark.parametrize(
