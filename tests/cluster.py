@@ -202,11 +202,7 @@ def converged(
     client sent, every run's rows exact."""
     for name in names:
         node = cluster.nodes[name]
-
-        def holds_all(url: str = node.database_url) -> bool:
-            return ledger.acknowledged <= set(committed_runs(url))
-
-        wait_until(holds_all, f"node {name} to hold every acknowledged run", timeout=timeout)
+        caught_up(cluster, ledger.acknowledged, [name], timeout)
         present = committed_runs(node.database_url)
         lost = ledger.acknowledged - set(present)
         assert not lost, f"node {name} lost acknowledged runs {sorted(lost)}"
