@@ -27,6 +27,11 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
     connection.commit()
     context.configure(connection=connection, version_table_schema=CATALOG_SCHEMA)
     with context.begin_transaction():
+        # A migration that carries streams forward runs the functions of plans today's
+        # rewriter makes (migrations/plans.py), which may read a table a later migration
+        # makes (the waiting windows, 0030): their bodies are checked when called, as
+        # pg_dump's restores do, and nothing calls them before the last migration ran.
+        connection.execute(text("SET LOCAL check_function_bodies = off"))
         context.run_migrations()
     connection.commit()
 

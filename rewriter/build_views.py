@@ -8,14 +8,17 @@ from sqlglot import exp
 
 from rewriter import naming
 from rewriter.ddl import (
+    archive_oid,
     column_def,
     create_index,
     create_table,
     create_view,
+    create_waiting_trigger,
     create_windows_function,
     drop,
     function_call,
     table,
+    unlist_waiting,
 )
 from rewriter.plan import (
     AggregateState,
@@ -473,11 +476,56 @@ def reduce_statement(
         ("replaced", replaced),
         ("folded", folded),
         ("stored", store_states),
+        *_unlisted(archive),
         *also,
     ]
     for alias, query in ctes:
         statement = statement.with_(alias, as_=query)
     return statement.sql("postgres")
+
+
+def _unlisted(archive: exp.Table) -> list[tuple[str, exp.Expr]]:
+    """The fold's step that unlists the windows it empties from the table of waiting
+    windows: those it folds (``targets``) and those listed without a partial row (a fold
+    that skipped them). A run that lists a window again while the fold runs writes a new
+    version of its row (sql/006_waiting_windows.sql): if it has not committed, the row is
+    locked and the fold skips it (SKIP LOCKED: the fold never waits for a commit, which
+    may wait for the fold's rows); if it committed after the fold's snapshot, the fold
+    locks the new version, whose ctid the DELETE's snapshot does not see, so the row stays
+    listed. Runs after the main statement (a data-modifying step nothing reads), so after
+    ``gone``."""
+    start = naming.WINDOW_START_COLUMN
+    listed = exp.table_(naming.WAITING_WINDOWS_TABLE, db=naming.INTERNAL_SCHEMA)
+    rows_left = (
+        exp.select(exp.Literal.number(1))
+        .from_(exp.alias_(archive.copy(), "a", table=True))
+        .where(exp.EQ(this=exp.column(start, table="a"), expression=exp.column(start, table="l")))
+    )
+    emptied = (
+        exp.select(exp.column("ctid", table="l"))
+        .from_(exp.alias_(listed.copy(), "l", table=True))
+        .where(
+            exp.EQ(
+                this=exp.column(naming.WAITING_ARCHIVE_COLUMN, table="l"),
+                expression=archive_oid(archive),
+            )
+        )
+        .where(
+            exp.or_(
+                exp.In(
+                    this=exp.column(start, table="l"),
+                    query=exp.select(exp.column(start)).from_("targets").subquery(),
+                ),
+                exp.Not(this=exp.Exists(this=rows_left)),
+            )
+        )
+    )
+    emptied.set("locks", [exp.Lock(update=True, expressions=[exp.to_table("l")], wait=False)])
+    unlisted = exp.delete(
+        exp.alias_(listed.copy(), "w", table=True),
+        where=exp.In(this=exp.column("ctid", table="w"), query=emptied.subquery()),
+    )
+    return [("unlisted", unlisted)]
 
 
 def consolidated_statements(
@@ -589,11 +637,13 @@ def build_views(name: str, split: SplitQuery, window: WindowSpec) -> ParallelAgg
             index,
             *consolidated,
             create_windows_function(naming.waiting_windows_function(name), archive),
+            create_waiting_trigger(archive),
             create_view(name, view),
         ),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
             drop("FUNCTION", table(naming.waiting_windows_function(name))),
+            unlist_waiting(archive),
             drop("TABLE", archive),
             drop("TABLE", table(naming.consolidated_table(name))),
             drop("TABLE", table(naming.consolidated_states_table(name))),

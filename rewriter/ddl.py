@@ -140,28 +140,39 @@ def _dollar_quoted(body: str) -> sql.Composable:
 
 
 def create_windows_function(name: str, archive: exp.Table) -> str:
-    """``CREATE OR REPLACE FUNCTION`` INTERNAL_SCHEMA.``name``() returning the distinct
-    window starts of the partial archive ``archive``, found by skipping through its index on
-    the window start: one index probe per window, where ``SELECT DISTINCT`` read every
-    partial row (288,000 rows for 288 windows, on every read of the view). STABLE, so that
-    it reads the snapshot of the statement calling it; PARALLEL SAFE, so that the view's
-    scans stay parallel (each worker calls it); run with its owner's privileges (a reader of
-    a view calling it reads no internal table itself). A parallel worker cannot run a
-    function with a SET clause, so it has no search path of its own: every name in it is
-    qualified instead, its one operator too. ROWS 1, the estimate SELECT DISTINCT had over
-    an empty archive: caught up, the planner put parallel workers behind the merge a
-    one-time filter skips when it expected PostgreSQL's default of 1,000 windows (a
-    sketch stream's read took 20.5 ms, 3.8 ms before and again with ROWS 1); with windows
+    """``CREATE OR REPLACE FUNCTION`` INTERNAL_SCHEMA.``name``() returning the starts of the
+    windows of the partial archive ``archive`` that hold partial rows: those the table of
+    waiting windows lists for it (naming.WAITING_WINDOWS_TABLE, kept by the archive's
+    trigger and the reducer's fold), from the oldest window of the archive on. The list may
+    hold windows whose rows a fold took while a commit held their row (the fold skips it,
+    and a later fold unlists it): one listed from the oldest on is merged on read, exact
+    either way; one older than every partial row would be read twice, so it is left out.
+    One range of the table's index and one probe of the archive's: 288 waiting windows
+    cost 3.5 ms a call when the function skipped through the archive's index a window at a
+    time, about 0.1 ms read from the list.
+
+    STABLE, so that it reads the snapshot of the statement calling it; PARALLEL SAFE, so
+    that the view's scans stay parallel (each worker calls it); run with its owner's
+    privileges (a reader of a view calling it reads no internal table itself). A parallel
+    worker cannot run a function with a SET clause, so it has no search path of its own:
+    every name in it is qualified instead, its operators too. ROWS 1, the estimate SELECT
+    DISTINCT had over an empty archive: caught up, the planner put parallel workers behind
+    the merge a one-time filter skips when it expected PostgreSQL's default of 1,000
+    windows (a sketch stream's read took 20.5 ms, 3.8 ms with ROWS 1); with windows
     waiting, it probes the consolidated states window by window, what a few hundred want
-    too (a fifth of a day late read as fast with either estimate)."""
+    too."""
     column = sql.Identifier(naming.WINDOW_START_COLUMN)
     source = sql.Identifier(str(archive.db), archive.name)
-    first = sql.SQL("SELECT a.{c} FROM {t} AS a").format(c=column, t=source)
     body = sql.SQL(
-        "WITH RECURSIVE w(s) AS (({first} ORDER BY a.{c} LIMIT 1) UNION ALL SELECT ({first} "
-        "WHERE a.{c} OPERATOR(pg_catalog.>) w.s ORDER BY a.{c} LIMIT 1) FROM w "
-        "WHERE w.s IS NOT NULL) SELECT w.s FROM w WHERE w.s IS NOT NULL"
-    ).format(first=first, c=column)
+        "SELECT w.{c} FROM {listed} AS w WHERE w.{archive} OPERATOR(pg_catalog.=) {oid} "
+        "AND w.{c} OPERATOR(pg_catalog.>=) (SELECT pg_catalog.min(a.{c}) FROM {t} AS a)"
+    ).format(
+        c=column,
+        listed=sql.Identifier(naming.INTERNAL_SCHEMA, naming.WAITING_WINDOWS_TABLE),
+        archive=sql.Identifier(naming.WAITING_ARCHIVE_COLUMN),
+        oid=sql.SQL(archive_oid(archive).sql("postgres")),
+        t=source,
+    )
     return (
         sql.SQL(
             CREATE_FUNCTION + "{name}() RETURNS TABLE ({c} timestamptz) LANGUAGE sql STABLE "
@@ -174,6 +185,45 @@ def create_windows_function(name: str, archive: exp.Table) -> str:
         )
         .as_string()
     )
+
+
+def archive_oid(archive: exp.Table) -> exp.Expr:
+    """pg_catalog.to_regclass('schema.archive'): the partial archive as the table of
+    waiting windows keys it (by oid, which stays when ALTER's swap renames the archive;
+    NULL once it is dropped)."""
+    qualified = sql.Identifier(str(archive.db), archive.name).as_string()
+    return exp.Anonymous(this="pg_catalog.to_regclass", expressions=[exp.Literal.string(qualified)])
+
+
+def create_waiting_trigger(archive: exp.Table) -> str:
+    """``CREATE TRIGGER`` on the partial archive ``archive``: every statement adding partial
+    rows (a run's commit, a back-fill, a replica's copy, ALTER's reuse of an archive) lists
+    their windows in the table of waiting windows, in its own transaction (sql/
+    006_waiting_windows.sql holds the function)."""
+    return (
+        sql.SQL(
+            "CREATE TRIGGER {trigger} AFTER INSERT ON {archive} REFERENCING NEW TABLE AS "
+            "new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        )
+        .format(
+            trigger=sql.Identifier(naming.WAITING_TRIGGER),
+            archive=sql.Identifier(str(archive.db), archive.name),
+            function=sql.Identifier(naming.INTERNAL_SCHEMA, naming.MARK_WAITING_FUNCTION),
+        )
+        .as_string()
+    )
+
+
+def unlist_waiting(archive: exp.Table) -> str:
+    """The statement that forgets the waiting windows of the partial archive ``archive``,
+    before the archive is dropped (its oid could be another table's later)."""
+    listed = exp.table_(naming.WAITING_WINDOWS_TABLE, db=naming.INTERNAL_SCHEMA)
+    return exp.delete(
+        listed,
+        where=exp.EQ(
+            this=exp.column(naming.WAITING_ARCHIVE_COLUMN), expression=archive_oid(archive)
+        ),
+    ).sql("postgres")
 
 
 def function_call(name: str) -> exp.Table:

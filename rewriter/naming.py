@@ -211,6 +211,18 @@ def waiting_windows_function(stream: str) -> str:
     return _function_name("strata_waiting", stream)
 
 
+# The windows of every aggregate stream whose partial rows wait for the reducer, one row
+# per (partial archive, window start), with a generation each commit listing the window
+# again raises: the archive's trigger (WAITING_TRIGGER, calling MARK_WAITING_FUNCTION, both
+# in INTERNAL_SCHEMA) lists a window in the statement that adds its partial rows, and the
+# reducer's fold unlists it at the generation it read (rewriter.build_views).
+WAITING_WINDOWS_TABLE = "waiting_windows"
+WAITING_ARCHIVE_COLUMN = "archive"
+WAITING_GENERATION_COLUMN = "generation"
+WAITING_TRIGGER = "strata_list_waiting"
+MARK_WAITING_FUNCTION = "strata_list_waiting_windows"
+
+
 def _function_name(prefix: str, stream: str) -> str:
     """``prefix`` and ``stream`` in lower case letters, digits and underscores only, so that
     the name needs no quotes (sqlglot writes a function's name in upper case, which

@@ -7,6 +7,7 @@ import logging
 import random
 import re
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -351,8 +352,8 @@ def test_the_windows_that_wait_are_found_by_index_and_only_when_rows_wait(
     strata: Strata,
 ) -> None:
     """The windows whose partial rows wait for the reducer (merged on read) come from the
-    stream's function, which skips through the partial archive's index: exactly the
-    distinct window starts of the archive, HOP's panes too; a read while rows wait calls it
+    stream's function, which reads the list of waiting windows: exactly the distinct
+    window starts of the archive, HOP's panes too; a read while rows wait calls it
     instead of reading every partial row, and a caught-up read never calls it. The rows
     are the batch query's over the raw rows in both states."""
     strata.create(
@@ -494,3 +495,140 @@ def test_the_reducer_folds_streams_at_once_each_exact(strata: Strata) -> None:
         window = f"date_bin('{size}', t, timestamptz 'epoch') + interval '{size}'"
         oracle = f"SELECT campaign, count(*), {window} FROM kp GROUP BY 1, 3"
         assert sorted(strata.query(f"SELECT * FROM {name}")) == sorted(strata.query(oracle))
+
+
+LISTED = (
+    "SELECT window_start, generation FROM strata_internal.waiting_windows "
+    "WHERE archive = %s::regclass ORDER BY window_start"
+)
+
+
+def _minute_stream(strata: Strata, raw: str) -> tuple[str, str, Callable[[range], str]]:
+    """A raw stream ``raw`` and ``raw``_minute counting and summing per campaign and minute:
+    the view's query, its batch query over the raw rows, and rows for some minutes."""
+    strata.create(
+        f"CREATE STREAM {raw} (campaign text, price numeric(12,4), t timestamptz) "
+        "WITH (event_time = 't')"
+    )
+    strata.create(
+        f"CREATE STREAM {raw}_minute AS SELECT campaign, count(*) AS n, sum(price) AS s, "
+        f"window_end AS t FROM TUMBLE({raw}, t, INTERVAL '1 minute') GROUP BY campaign, "
+        "window_end"
+    )
+    rng = random.Random(len(raw))
+
+    def rows(minutes: range) -> str:
+        return "".join(
+            json.dumps(
+                {
+                    "campaign": f"c{rng.randrange(5)}",
+                    "price": str(Decimal(rng.randrange(1, 10000)) / 100),
+                    "t": (START + timedelta(minutes=m, seconds=rng.randrange(60))).isoformat(),
+                }
+            )
+            + "\n"
+            for m in minutes
+            for _ in range(10)
+        )
+
+    minute = "date_bin('1 minute', t, '1970-01-01 00:00:00+00')"
+    oracle = (
+        f"SELECT campaign, count(*), sum(price), {minute} + interval '1 minute' FROM {raw} "
+        f"GROUP BY campaign, {minute}"
+    )
+    return f"SELECT campaign, n, s, t FROM {raw}_minute", oracle, rows
+
+
+def _exact(strata: Strata, view: str, oracle: str) -> None:
+    got = sorted(strata.query(view))
+    assert got and got == sorted(strata.query(oracle))
+
+
+def _wait_for_blocked_fold(strata: Strata) -> None:
+    """Until a fold's statement waits for a row lock (its snapshot is taken)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        blocked = strata.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s",
+            "%gone AS (DELETE%",
+        )
+        if blocked[0][0]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the fold never waited for the held rows")
+
+
+def test_a_commit_racing_the_fold_keeps_its_window_listed(strata: Strata) -> None:
+    """A run that lists a window again while a fold of it runs (after the fold's snapshot,
+    before its end) keeps the window listed: the fold unlists only at the generation its
+    snapshot shows, and the run's partial rows, which it did not see, are merged on read.
+    The view equals the batch query over the raw rows after the race and after the next
+    fold. (The fold is held inside its statement by a lock on the window's partial rows,
+    and the run commits through the server meanwhile.)"""
+    view, oracle, rows = _minute_stream(strata, "rc")
+    archive = "strata_internal.rc_minute__partial"
+    strata.ingest("rc", rows(range(30)))
+    reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=0)
+    strictly(reducer)
+    assert strata.query(LISTED, archive) == []
+    strata.ingest("rc", rows(range(5, 7)))  # late rows in two folded windows
+    window = START + timedelta(minutes=5)
+    before = dict(strata.query(LISTED, archive))
+    assert list(before) == [window, window + timedelta(minutes=1)]
+    with psycopg.connect(strata.database_url) as holder:
+        holder.execute(f"SELECT 1 FROM {archive} WHERE window_start = %s FOR UPDATE", [window])
+        fold = Raising(lambda: strictly(reducer), "fold")
+        fold.start()
+        _wait_for_blocked_fold(strata)
+        strata.ingest("rc", rows(range(5, 6)))  # commits while the fold waits
+        assert dict(strata.query(LISTED, archive))[window] == before[window] + 1
+        holder.rollback()
+    fold.join(timeout=60)
+    fold.reraise()
+    _exact(strata, view, oracle)
+    waiting = strata.query(f"SELECT DISTINCT window_start FROM {archive}")
+    assert waiting == [(window,)]  # the run's rows, which the fold did not see
+    assert [w for w, _ in strata.query(LISTED, archive)] == [window]
+    strictly(reducer)
+    assert strata.query(LISTED, archive) == []
+    _exact(strata, view, oracle)
+
+
+def test_a_window_the_fold_cannot_unlist_is_read_exactly_until_a_later_fold_does(
+    strata: Strata,
+) -> None:
+    """A fold does not wait for a listed window's row that a commit holds (a commit may wait
+    for the fold's rows): the window stays listed without partial rows, and reads stay
+    exact, both when it is older than every partial row (it is not merged then: its rows
+    would be read twice) and when it is not (merged from its consolidated rows alone). The
+    next fold unlists it."""
+    view, oracle, rows = _minute_stream(strata, "sk")
+    archive = "strata_internal.sk_minute__partial"
+    strata.ingest("sk", rows(range(30)))
+    reducer = Reducer(strata.service.engine, strata.service.plans, min_rows=0)
+    strictly(reducer)
+    strata.ingest("sk", rows(range(5, 6)))
+    window = START + timedelta(minutes=5)
+    with psycopg.connect(strata.database_url) as holder:
+        holder.execute(
+            "SELECT 1 FROM strata_internal.waiting_windows WHERE window_start = %s FOR UPDATE",
+            [window],
+        )
+        fold = Raising(lambda: strictly(reducer), "fold")
+        fold.start()
+        fold.join(timeout=60)
+        fold.reraise()
+        assert strata.query(f"SELECT count(*) FROM {archive}") == [(0,)]
+        assert [w for w, _ in strata.query(LISTED, archive)] == [window]
+        _exact(strata, view, oracle)
+        strata.ingest("sk", rows(range(10, 11)))  # the held window is older than these
+        later = window + timedelta(minutes=5)
+        assert [w for w, _ in strata.query(LISTED, archive)] == [window, later]
+        _exact(strata, view, oracle)
+        strata.ingest("sk", rows(range(3, 4)))  # and newer than these
+        _exact(strata, view, oracle)
+        holder.rollback()
+    strictly(reducer)
+    assert strata.query(LISTED, archive) == []
+    _exact(strata, view, oracle)

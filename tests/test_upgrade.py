@@ -1068,3 +1068,50 @@ def test_top_n_streams_keep_their_windows_after_the_upgrade(strata: Strata) -> N
     assert corrected() > 0 and exact()
     Repairer(engine, plans).run_once()
     assert corrected() == 0 and exact()
+
+
+def test_aggregate_views_read_their_waiting_windows_from_a_list_after_the_upgrade(
+    strata: Strata,
+) -> None:
+    """0030 lists the windows whose partial rows wait for the reducer in a table (filled
+    from each partial archive as it is), gives each partial archive the trigger that keeps
+    listing them, and each stream's function reads the list; its downgrade puts back the
+    functions that skip through the archive's index and drops the triggers and the table.
+    Exact throughout, with windows reduced, waiting, and both; and after the upgrade, late
+    rows are listed as they commit and unlisted as they are folded."""
+    oracles = per_minute_and_hop(strata, "ww")
+    rng = random.Random(30)
+    reduced_and_late(strata, "ww", rng)
+    expected = {view: sorted(strata.query(oracle)) for view, oracle in oracles.items()}
+    archives = [f"strata_internal.{view}__partial" for view in oracles]
+
+    def exact() -> bool:
+        return all(sorted(strata.query(f"SELECT * FROM {v}")) == expected[v] for v in oracles)
+
+    def listed(archive: str) -> list[tuple]:
+        return strata.query(
+            "SELECT window_start FROM strata_internal.waiting_windows "
+            "WHERE archive = %s::regclass ORDER BY 1",
+            archive,
+        )
+
+    def distinct(archive: str) -> list[tuple]:
+        return strata.query(f"SELECT DISTINCT window_start FROM {archive} ORDER BY 1")
+
+    def triggers() -> int:
+        return strata.query(
+            "SELECT count(*) FROM pg_trigger WHERE tgname = %s", naming.WAITING_TRIGGER
+        )[0][0]
+
+    assert all(distinct(a) and listed(a) == distinct(a) for a in archives) and exact()
+    downgrade_to(strata.service.engine, "0029")
+    assert strata.query("SELECT to_regclass('strata_internal.waiting_windows')") == [(None,)]
+    assert triggers() == 0 and exact()
+    migrate(strata.service.engine)
+    assert triggers() == len(archives)
+    assert all(listed(a) == distinct(a) for a in archives) and exact()
+    strata.ingest("ww", clicks(rng, 30))
+    expected = {view: sorted(strata.query(oracle)) for view, oracle in oracles.items()}
+    assert all(listed(a) == distinct(a) for a in archives) and exact()
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert all(listed(a) == distinct(a) == [] for a in archives) and exact()
