@@ -35,7 +35,7 @@ from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
 from tests.conftest import Strata, strata_client
 from tests.oracle import SnapshotReader, execute, ndjson
-from tests.test_upgrade import downgrade_to
+from tests.test_upgrade import downgrade_to, list_waiting_windows
 
 DAY = timedelta(days=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -214,6 +214,11 @@ def test_the_upgrade_sets_day_windows_to_24_hours(strata: Strata) -> None:
         strata.ingest("ev", ndjson(part))
     engine, plans = strata.service.engine, strata.service.plans
     downgrade_to(engine, "0027")
+    aggregates = strata.query(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'strata_internal' AND c.relname LIKE '%%\\_\\_partial'"
+    )
+    list_waiting_windows(strata.database_url, [name for (name,) in aggregates])
     # The previous release: its SQL adds whole days, which its fold and materializer ran in
     # the database's zone, New York's.
     with engine.connect() as connection:

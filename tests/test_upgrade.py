@@ -31,6 +31,7 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from rewriter import naming
+from rewriter.ddl import create_waiting_trigger, table
 from rewriter.plan import SerialAggregatePlan
 from server import catalog
 from server.catalog import MIGRATIONS_DIR, create_catalog_engine, migrate
@@ -202,6 +203,30 @@ def downgrade_to(engine: sa.Engine, revision: str) -> None:
         config.attributes["connection"] = connection
         command.downgrade(config, revision)
         connection.commit()
+
+
+WAITING_WINDOWS_SQL = MIGRATIONS_DIR / "versions" / "sql" / "0030_waiting_windows.sql"
+
+
+def list_waiting_windows(url: str, archives: list[str]) -> None:
+    """What 0030 makes, on a database at an earlier revision whose earlier release a test
+    plays with today's code (today's views, fold and commits read and keep the list of
+    waiting windows): the table, its trigger function, and each of ``archives`` (partial
+    archives) listed with its trigger. 0030 makes them again as they are."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(WAITING_WINDOWS_SQL.read_text().encode())
+        for archive in archives:
+            target = table(archive)
+            connection.execute(
+                sql.SQL(
+                    "INSERT INTO strata_internal.waiting_windows (archive, window_start) "
+                    "SELECT DISTINCT {}::regclass, window_start FROM {} ON CONFLICT DO NOTHING"
+                ).format(
+                    sql.Literal(f"{naming.INTERNAL_SCHEMA}.{archive}"),
+                    sql.Identifier(naming.INTERNAL_SCHEMA, archive),
+                )
+            )
+            connection.execute(create_waiting_trigger(target).encode())
 
 
 def restore(url: str, dump: Path) -> None:
