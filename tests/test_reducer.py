@@ -71,6 +71,23 @@ def _run(rng: random.Random, rows: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _priced_rows(rng: random.Random, minutes: range, *, campaigns: int, per_minute: int) -> str:
+    """NDJSON rows of campaigns c0.. with a price, ``per_minute`` at random times in each of
+    ``minutes`` (after START)."""
+    return "".join(
+        json.dumps(
+            {
+                "campaign": f"c{rng.randrange(campaigns)}",
+                "price": str(Decimal(rng.randrange(1, 10000)) / 100),
+                "t": (START + timedelta(minutes=m, seconds=rng.randrange(60))).isoformat(),
+            }
+        )
+        + "\n"
+        for m in minutes
+        for _ in range(per_minute)
+    )
+
+
 def _setup(strata: Strata) -> None:
     strata.create(
         "CREATE STREAM ev (campaign text, user_id bigint, price numeric(12,4), t timestamptz) "
@@ -371,18 +388,7 @@ def test_the_windows_that_wait_are_found_by_index_and_only_when_rows_wait(
     rng = random.Random(12)
 
     def run(minutes: range) -> str:
-        return "".join(
-            json.dumps(
-                {
-                    "campaign": f"c{rng.randrange(30)}",
-                    "price": str(Decimal(rng.randrange(1, 10000)) / 100),
-                    "t": (START + timedelta(minutes=m, seconds=rng.randrange(60))).isoformat(),
-                }
-            )
-            + "\n"
-            for m in minutes
-            for _ in range(20)
-        )
+        return _priced_rows(rng, minutes, campaigns=30, per_minute=20)
 
     strata.ingest("kw", run(range(120)))
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
@@ -518,18 +524,7 @@ def _minute_stream(strata: Strata, raw: str) -> tuple[str, str, Callable[[range]
     rng = random.Random(len(raw))
 
     def rows(minutes: range) -> str:
-        return "".join(
-            json.dumps(
-                {
-                    "campaign": f"c{rng.randrange(5)}",
-                    "price": str(Decimal(rng.randrange(1, 10000)) / 100),
-                    "t": (START + timedelta(minutes=m, seconds=rng.randrange(60))).isoformat(),
-                }
-            )
-            + "\n"
-            for m in minutes
-            for _ in range(10)
-        )
+        return _priced_rows(rng, minutes, campaigns=5, per_minute=10)
 
     minute = "date_bin('1 minute', t, '1970-01-01 00:00:00+00')"
     oracle = (
