@@ -58,8 +58,15 @@ def view_tables_made(driver: psycopg.Connection, plan: StreamPlan) -> bool:
         made = naming.joined_seen_table(plan.name)
     else:
         return True
+    return relation_exists(driver, made)
+
+
+def relation_exists(driver: psycopg.Connection, name: str) -> bool:
+    """Whether INTERNAL_SCHEMA.``name`` exists."""
+    from rewriter import naming
+
     found = driver.execute(
-        "SELECT to_regclass(%s)", (f"{naming.INTERNAL_SCHEMA}.{made}",)
+        "SELECT to_regclass(%s)", (f"{naming.INTERNAL_SCHEMA}.{name}",)
     ).fetchone()
     return found is not None and found[0] is not None
 

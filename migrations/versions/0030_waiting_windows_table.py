@@ -31,7 +31,7 @@ FROZEN_SQL = Path(__file__).resolve().parent / "sql"
 
 
 def upgrade() -> None:
-    from migrations.plans import replace_views, stored_plans
+    from migrations.plans import relation_exists, replace_views, stored_plans
     from rewriter import naming
     from rewriter.ddl import archive_oid, create_waiting_trigger, table
     from rewriter.plan import ParallelAggregatePlan
@@ -40,7 +40,7 @@ def upgrade() -> None:
     driver, plans = stored_plans(ParallelAggregatePlan)
     for name in plans:
         archive = table(naming.partial_archive_table(name))
-        if not _exists(driver, archive.name):
+        if not relation_exists(driver, archive.name):
             continue
         driver.execute(
             sql.SQL(
@@ -61,14 +61,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    from migrations.plans import stored_plans
+    from migrations.plans import relation_exists, stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
 
     driver, plans = stored_plans(ParallelAggregatePlan)
     for name in plans:
         archive = naming.partial_archive_table(name)
-        if not _exists(driver, archive):
+        if not relation_exists(driver, archive):
             continue
         driver.execute(_drop_trigger(archive))
         driver.execute(_skip_scan_function(naming.waiting_windows_function(name), archive))
@@ -90,15 +90,6 @@ def _drop_trigger(archive: str) -> sql.Composed:
     return sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
         sql.Identifier(naming.WAITING_TRIGGER), sql.Identifier(naming.INTERNAL_SCHEMA, archive)
     )
-
-
-def _exists(driver: object, archive: str) -> bool:
-    from rewriter import naming
-
-    found = driver.execute(  # type: ignore[attr-defined]
-        "SELECT to_regclass(%s)", (f"{naming.INTERNAL_SCHEMA}.{archive}",)
-    ).fetchone()
-    return found is not None and found[0] is not None
 
 
 def _skip_scan_function(name: str, archive: str) -> bytes:
