@@ -85,6 +85,15 @@ class Settings(BaseSettings):
         description="Bytes of runs accepted but not yet committed (their spool files) above "
         "which new runs are held back (see STRATA_SPOOL_FULL); 0: no limit.",
     )
+    max_spool_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Most seconds the oldest run in the spool may have waited for its commit "
+        "before new runs are held back as by STRATA_MAX_SPOOL_BYTES (see STRATA_SPOOL_FULL): "
+        "a bound on how late an accepted run becomes visible while clients post faster "
+        "than runs commit; the backlog then waits with the clients (429 and Retry-After), "
+        "not in the spool. 0: no bound (the spool's bytes alone limit it).",
+    )
     spool_full: Literal["reject", "wait"] = Field(
         "reject",
         description="What a new run meets while the spool is full: reject (429 with "

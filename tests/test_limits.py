@@ -7,6 +7,7 @@ the test lets them commit: the spool is full exactly when the test says so.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -82,6 +83,41 @@ def test_full_spool_waits_for_room_as_runs_commit(idle: Strata) -> None:
         starter.join()
     assert idle.client.get("/runs/first").json()["status"] == "committed"
     assert idle.query("SELECT count(*) FROM lim") == [(2,)]
+
+
+def test_a_spool_whose_oldest_run_waited_too_long_holds_new_runs_back(idle: Strata) -> None:
+    configure(idle, max_spool_bytes=0, max_spool_seconds=30)
+    assert idle.post_run("lim", ROW, run_id="first", wait=False).status_code == 202
+    # The oldest run has waited less than 30 s: the spool takes more.
+    assert idle.post_run("lim", ROW, run_id="second", wait=False).status_code == 202
+    # The first run's file as if it had waited 31 s for its commit.
+    spooled = sorted(idle.service.spool.directory.iterdir(), key=lambda f: f.stat().st_mtime)
+    assert len(spooled) == 2
+    then = time.time() - 31
+    os.utime(spooled[0], (then, then))
+    assert idle.service.spool.oldest_seconds() >= 31
+    refused = idle.post_run("lim", ROW, run_id="third", wait=False)
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "2"
+    error = refused.json()["error"]
+    assert "oldest run has waited 31." in error and "STRATA_MAX_SPOOL_SECONDS" in error, error
+    # Nothing of the refused run was recorded or spooled; a run already accepted is answered.
+    assert idle.client.get("/runs/third").status_code == 404
+    assert len(list(idle.service.spool.directory.iterdir())) == 2
+    assert idle.post_run("lim", ROW, run_id="first", wait=False).status_code == 202
+    # Waiting for room: the runs waiting commit once the workers start, and the third goes in.
+    configure(idle, spool_full="wait", spool_full_wait=60)
+    starter = threading.Timer(1.0, idle.runtime.start)
+    starter.start()
+    try:
+        third = idle.post_run("lim", ROW, run_id="third", wait=True)
+        assert third.status_code == 200, third.text
+    finally:
+        starter.join()
+    statuses = {r: idle.client.get(f"/runs/{r}").json()["status"] for r in ("first", "second")}
+    assert statuses == {"first": "committed", "second": "committed"}
+    assert idle.query("SELECT count(*) FROM lim") == [(3,)]
+    assert idle.service.spool.oldest_seconds() == 0
 
 
 def test_run_size_limit(idle: Strata) -> None:

@@ -1,5 +1,5 @@
 """What a new run must pass before its body is read, over HTTP and over the SQL port: a
-valid run id, and room in the spool (STRATA_MAX_SPOOL_BYTES)."""
+valid run id, and room in the spool (STRATA_MAX_SPOOL_BYTES, STRATA_MAX_SPOOL_SECONDS)."""
 
 from __future__ import annotations
 
@@ -34,28 +34,47 @@ def check_run_id(run_id: str) -> str:
 
 
 async def admit(service: StrataService, settings: Settings, run_id: str | None) -> None:
-    """Hold a new run back while the spool is full (STRATA_MAX_SPOOL_BYTES): refuse it
+    """Hold a new run back while the spool is full: it holds STRATA_MAX_SPOOL_BYTES, or its
+    oldest run has waited STRATA_MAX_SPOOL_SECONDS for its commit. Refuse the run
     (SpoolFull) or, with STRATA_SPOOL_FULL=wait, wait a bounded time for room.
 
     Checked before the body is read, so a full spool costs neither memory nor disk. A run
     id already known passes: its answer is the first result, which takes no room.
     """
-    limit = settings.max_spool_bytes
-    if limit <= 0:
+    if settings.max_spool_bytes <= 0 and settings.max_spool_seconds <= 0:
         return
     waiting = settings.spool_full_wait if settings.spool_full == "wait" else 0.0
     deadline = time.monotonic() + waiting
     while True:
-        used = await asyncio.to_thread(service.spool.pending_bytes)
-        if used < limit:
+        full = await asyncio.to_thread(_full, service, settings)
+        if full is None:
             return
         if run_id and await asyncio.to_thread(service.run, run_id) is not None:
             return
         if time.monotonic() >= deadline:
             waited = f" after waiting {waiting:g} s" if waiting else ""
             raise SpoolFull(
-                f"the run spool is full{waited}: {used} bytes of runs await their commit "
-                f"(limit {limit}, STRATA_MAX_SPOOL_BYTES); retry later",
+                f"the run spool is full{waited}: {full}; retry later",
                 retry_after=RETRY_AFTER_SECONDS,
             )
         await asyncio.sleep(_SPOOL_POLL_SECONDS)
+
+
+def _full(service: StrataService, settings: Settings) -> str | None:
+    """Why the spool takes no new run now, or None when it does."""
+    limit = settings.max_spool_bytes
+    if limit > 0:
+        used = service.spool.pending_bytes()
+        if used >= limit:
+            return (
+                f"{used} bytes of runs await their commit (limit {limit}, STRATA_MAX_SPOOL_BYTES)"
+            )
+    bound = settings.max_spool_seconds
+    if bound > 0:
+        oldest = service.spool.oldest_seconds()
+        if oldest >= bound:
+            return (
+                f"its oldest run has waited {oldest:.1f} s for its commit (limit {bound:g} s, "
+                "STRATA_MAX_SPOOL_SECONDS): runs arrive faster than they commit"
+            )
+    return None

@@ -10,12 +10,16 @@ files directly, which is several times faster than shipping the rows from the dr
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+# A run's file: RUN_PREFIX, its sequence number, .parquet (a file being written is hidden).
+RUN_PREFIX = "run-"
 
 
 class Spool:
@@ -33,7 +37,7 @@ class Spool:
         return self._place(seq, lambda partial: partial.write_bytes(body))
 
     def _place(self, seq: int, write: Callable[[Path], object]) -> Path:
-        final = self.directory / f"run-{seq}.parquet"
+        final = self.directory / f"{RUN_PREFIX}{seq}.parquet"
         partial = self.directory / f".run-{seq}-{uuid.uuid4().hex}.tmp"
         write(partial)
         _fsync_path(partial)
@@ -51,6 +55,22 @@ class Spool:
 
     def remove(self, path: str | Path) -> None:
         Path(path).unlink(missing_ok=True)
+
+    def oldest_seconds(self) -> float:
+        """Seconds since the oldest run file of the spool was written (0 when it holds
+        none): how long the run longest waiting for its commit has waited, counted from
+        when this spool took it (at a restart, from when it was written again)."""
+        now = time.time()
+        oldest = now
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if not entry.name.startswith(RUN_PREFIX):  # a run being written
+                    continue
+                try:
+                    oldest = min(oldest, entry.stat().st_mtime)
+                except FileNotFoundError:  # committed meanwhile
+                    continue
+        return max(0.0, now - oldest)
 
     def pending_bytes(self) -> int:
         """Bytes in the spool: runs acknowledged and not yet committed, and runs being
