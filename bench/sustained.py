@@ -2,16 +2,18 @@
 for ten minutes, against the floor of PostgreSQL's COPY measured in the same run.
 
     python -m bench.sustained [--minutes 10] [--clients 4] [--run-rows 20000] [--pool 60]
-                              [--probe-every 2] [--keep]
+                              [--probe-every 2] [--max-spool-seconds 30] [--keep]
 
 What it does, in one process tree:
 
 1. generates ``--pool`` CSV bodies of ``--run-rows`` ad impressions (bench.harness.
    impressions: about 20% of them late runs carrying rows from earlier in the day), before
    any timing;
-2. starts ``strata up`` as a real subprocess (embedded PostgreSQL, local Spark) and creates
-   the raw stream ``impsns`` with the ingest benchmark's derived streams (1-minute count and
-   revenue, 5-minute average and maximum, the hourly roll-up);
+2. starts ``strata up`` as a real subprocess (embedded PostgreSQL, local Spark), with
+   ``STRATA_MAX_SPOOL_SECONDS`` set to ``--max-spool-seconds`` (30: while the oldest run
+   waiting for its commit has waited that long, new runs get 429; 0: the server's default,
+   no bound), and creates the raw stream ``impsns`` with the ingest benchmark's derived
+   streams (1-minute count and revenue, 5-minute average and maximum, the hourly roll-up);
 3. baseline: ``COPY impsns_plain FROM STDIN (FORMAT csv)`` of every pool body, one COPY per
    body, in the same database: the floor cost of archiving the rows;
 4. for ``--minutes``, ``--clients`` threads post the pool's bodies round and round as runs
@@ -348,7 +350,9 @@ def run_benchmark(args: argparse.Namespace, picture: Path | None) -> tuple[int, 
     exit_code = 0
     results: list[Result] = []
     try:
-        server = start_server(data_dir)
+        server = start_server(
+            data_dir, {"STRATA_MAX_SPOOL_SECONDS": format(args.max_spool_seconds, "g")}
+        )
         timings += start_timings(server, server.database_url)
         with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT) as client:
             create_streams(client, RAW, rollup=True)
@@ -426,6 +430,8 @@ def run_benchmark(args: argparse.Namespace, picture: Path | None) -> tuple[int, 
             "slowdown_p50": slow["p50"],
             "slowdown_p99": slow["p99"],
             "rows_held_max": held_max,
+            "max_spool_seconds": args.max_spool_seconds,
+            "refused_429": ledger.refused_for_room,
             "peak_memory_mb": round(peak.total_mb),
         }
         print(json.dumps(summary))
@@ -495,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.clients <= 0 or args.run_rows <= 0 or args.pool <= 0:
         parser.error("--minutes, --clients, --run-rows and --pool must be positive")
+    if args.max_spool_seconds < 0:
+        parser.error("--max-spool-seconds must be 0 or more")
     picture = None if args.no_picture else Path(args.picture)
     return run_benchmark(args, picture)[0]
 
@@ -515,6 +523,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds from the start left out of the sustained figure: the warm-up transient (60)",
+    )
+    parser.add_argument(
+        "--max-spool-seconds",
+        type=float,
+        default=30.0,
+        help="the server's STRATA_MAX_SPOOL_SECONDS, a bound on the backlog's age (30; 0: none)",
     )
     parser.add_argument("--seed", type=int, default=2024, help="random seed (2024)")
     parser.add_argument(
