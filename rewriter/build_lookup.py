@@ -578,7 +578,8 @@ def _aggregate(
         if is_aggregate(node):
             final = by_call[_unqualified(node).sql("postgres")].final.copy()
             for column in list(final.find_all(exp.Column)):
-                column.set("table", exp.to_identifier(stream.alias))
+                if not column.table:  # a state (a final's subquery qualifies its own)
+                    column.set("table", exp.to_identifier(stream.alias))
             return final
         if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
             owner = owners.of(node)

@@ -16,7 +16,7 @@ from rewriter.errors import UnsupportedSQL
 from rewriter.expressions import BOOLEAN, infer_type, to_spark
 from rewriter.plan import WindowedAggregatePlan
 from rewriter.positions import located
-from rewriter.registry import contains_aggregate, filtered, parse_aggregate
+from rewriter.registry import contains_aggregate, filtered, final_form, parse_aggregate
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_query import (
     FinalForms,
@@ -130,11 +130,10 @@ class _Splitter(FinalForms):
             )
             for state in rule.states
         )
-        reduced: list[exp.Expr] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
         split = SplitAggregate(
             call,
             states,
-            rule.final(reduced, arg_type),
+            final_form(rule, [s.column for s in states], arg_type),
             rule.result_type(arg_type),
             rule=rule.name,
             arg_type=arg_type.pg() if arg_type is not None else None,

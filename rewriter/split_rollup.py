@@ -27,7 +27,7 @@ from rewriter.plan import (
     PlannedAggregate,
     WindowedAggregatePlan,
 )
-from rewriter.registry import REGISTRY, rule_for
+from rewriter.registry import REGISTRY, final_form, rule_for
 from rewriter.resolve_window import WindowSpec
 from rewriter.split_query import (
     FinalForms,
@@ -206,9 +206,8 @@ class _RollupSplitter(FinalForms):
             )
             for state in inner.states
         )
-        reduced: list[exp.Expr] = [exp.func(s.reduce, exp.column(s.column)) for s in states]
         arg_type = _type(inner.arg_type, argument.name) if inner.arg_type else None
-        final = rule.final(reduced, arg_type)
+        final = final_form(rule, [s.column for s in states], arg_type)
         # The upper aggregate's type is PostgreSQL's for it over the lower column (sum of a
         # bigint count is numeric), except AVG over AVG, which is the rows' average.
         result_type = outer.result_type(_type(inner.result_type, argument.name))

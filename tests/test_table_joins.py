@@ -124,6 +124,52 @@ def test_aggregates_over_a_table_join_follow_the_tables_changes(module_strata: S
     assert revenue is not None and revenue > 0
 
 
+def test_a_sketch_over_a_table_join_is_within_its_bound_on_read_and_after_folds(
+    module_strata: Strata,
+) -> None:
+    """approx_percentile over a stream joined with a table: its final is a subquery per
+    group whose own aliases the join's qualifying of the states (the stream's alias here is
+    c) must leave alone. Every window and owner and count exact, every median within alpha
+    of percentile_disc over the raw rows, on read, after folds, after an owner changes."""
+    shop = Shop(module_strata, random.Random(11))
+    strata = module_strata
+    name = f"median_{next(_names)}"
+    strata.create(
+        f"CREATE STREAM {name} AS SELECT o.owner, approx_percentile(c.price, 0.5) AS median, "
+        f"count(*) AS n, window_end AS t FROM TUMBLE({shop.imp}, t, INTERVAL '10 minutes') c "
+        f"JOIN {shop.campaigns} o ON o.campaign = c.campaign GROUP BY o.owner, window_end"
+    )
+    oracle = (
+        "SELECT o.owner, percentile_disc(0.5) WITHIN GROUP (ORDER BY i.price)::float8, "
+        "count(*), date_bin('10 minutes', i.t, timestamptz 'epoch') + interval '10 minutes' "
+        f"FROM {shop.imp} i JOIN {shop.campaigns} o ON o.campaign = i.campaign GROUP BY 1, 4"
+    )
+
+    def within_alpha() -> int:
+        with psycopg.connect(strata.database_url) as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            got = connection.execute(f"SELECT owner, median, n, t FROM {name}").fetchall()
+            want = connection.execute(oracle).fetchall()  # type: ignore[arg-type]
+        got_by = {(r[0], r[3]): r for r in got}
+        want_by = {(r[0], r[3]): r for r in want}
+        assert got_by.keys() == want_by.keys()
+        for key, (_, median, n, _) in got_by.items():
+            _, exact, count, _ = want_by[key]
+            assert n == count, key
+            assert abs(median - exact) <= 0.01 * abs(exact) + 1e-9, (key, median, exact)
+        return len(got)
+
+    for late in (0, 5, 48, 1):
+        strata.ingest(shop.imp, shop.run(150, hours_late=late))
+    assert within_alpha() > 5
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    strata.ingest(shop.imp, shop.run(100, hours_late=5))  # late rows on folded windows
+    within_alpha()
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    shop.upsert("c1", "o9")
+    within_alpha()
+
+
 def test_hop_left_join_filters_on_both_sides_and_having(module_strata: Strata) -> None:
     shop = Shop(module_strata, random.Random(5))
     strata = module_strata
