@@ -249,7 +249,8 @@ def _fraction(node: exp.Expr, shown: str) -> float:
 # read and the reducer's fold. array_agg holds a group's sketches as the partial archive
 # does (the merge compacted every 64). Its aliases start with strata$, so that no table
 # alias of the user's query (a join with a table qualifies the state with one) hides them.
-PERCENTILE_OF_SKETCHES = """
+PERCENTILE_OF_SKETCHES = sqlglot.parse_one(
+    """
 (SELECT strata_ddsketch_value(strata$rank.bucket) FROM (
   SELECT strata$buckets.bucket FROM (
     SELECT CAST(strata$counts.key AS INT) AS bucket,
@@ -261,14 +262,14 @@ PERCENTILE_OF_SKETCHES = """
     GROUP BY CAST(strata$counts.key AS INT)) AS strata$buckets
   WHERE strata$buckets.ranks_so_far >= GREATEST(1, CEIL(strata$fraction * strata$buckets.n))
   ORDER BY strata$buckets.bucket LIMIT 1) AS strata$rank)
-"""
+""",
+    read="postgres",
+)
 
 
 def _percentile_of_sketches(
     fraction: float,
 ) -> Callable[[list[exp.Expr], SqlType | None], exp.Expr]:
-    template = sqlglot.parse_one(PERCENTILE_OF_SKETCHES, read="postgres")
-
     def final(states: list[exp.Expr], _t: SqlType | None) -> exp.Expr:
         p = _cast(exp.Literal.number(repr(fraction)), "double precision")
 
@@ -279,7 +280,7 @@ def _percentile_of_sketches(
                 return p.copy()
             return node
 
-        return _cast(template.copy().transform(fill), "double precision")
+        return _cast(PERCENTILE_OF_SKETCHES.copy().transform(fill), "double precision")
 
     return final
 
