@@ -58,8 +58,9 @@ class Spool:
 
     def oldest_seconds(self) -> float:
         """Seconds since the oldest run file of the spool was written (0 when it holds
-        none): how long the run longest waiting for its commit has waited, counted from
-        when this spool took it (at a restart, from when it was written again)."""
+        none): how long the run longest waiting for its commit has waited since this spool
+        took it (a run restored from PostgreSQL, where servers share a database: since
+        its restore; a restart keeps the files and their times)."""
         now = time.time()
         oldest = now
         with os.scandir(self.directory) as entries:
