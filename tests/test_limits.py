@@ -40,7 +40,7 @@ def configure(strata: Strata, **changes: object) -> None:
 def test_full_spool_refuses_new_runs_with_retry_after(idle: Strata) -> None:
     first = idle.post_run("lim", ROW, run_id="first", wait=False)
     assert first.status_code == 202
-    assert idle.service.spool.pending_bytes() > 0
+    assert idle.service.spool.pending().bytes > 0
     refused = idle.post_run("lim", ROW, run_id="second", wait=False)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "2"
@@ -95,7 +95,7 @@ def test_a_spool_whose_oldest_run_waited_too_long_holds_new_runs_back(idle: Stra
     assert len(spooled) == 2
     then = time.time() - 31
     os.utime(spooled[0], (then, then))
-    assert idle.service.spool.oldest_seconds() >= 31
+    assert idle.service.spool.pending().oldest_seconds >= 31
     refused = idle.post_run("lim", ROW, run_id="third", wait=False)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "2"
@@ -117,7 +117,7 @@ def test_a_spool_whose_oldest_run_waited_too_long_holds_new_runs_back(idle: Stra
     statuses = {r: idle.client.get(f"/runs/{r}").json()["status"] for r in ("first", "second")}
     assert statuses == {"first": "committed", "second": "committed"}
     assert idle.query("SELECT count(*) FROM lim") == [(3,)]
-    assert idle.service.spool.oldest_seconds() == 0
+    assert idle.service.spool.pending().oldest_seconds == 0
 
 
 def test_run_size_limit(idle: Strata) -> None:

@@ -62,19 +62,16 @@ async def admit(service: StrataService, settings: Settings, run_id: str | None) 
 
 def _full(service: StrataService, settings: Settings) -> str | None:
     """Why the spool takes no new run now, or None when it does."""
-    limit = settings.max_spool_bytes
-    if limit > 0:
-        used = service.spool.pending_bytes()
-        if used >= limit:
-            return (
-                f"{used} bytes of runs await their commit (limit {limit}, STRATA_MAX_SPOOL_BYTES)"
-            )
-    bound = settings.max_spool_seconds
-    if bound > 0:
-        oldest = service.spool.oldest_seconds()
-        if oldest >= bound:
-            return (
-                f"its oldest run has waited {oldest:.1f} s for its commit (limit {bound:g} s, "
-                "STRATA_MAX_SPOOL_SECONDS): runs arrive faster than they commit"
-            )
+    pending = service.spool.pending()
+    limit, bound = settings.max_spool_bytes, settings.max_spool_seconds
+    if 0 < limit <= pending.bytes:
+        return (
+            f"{pending.bytes} bytes of runs await their commit (limit {limit}, "
+            "STRATA_MAX_SPOOL_BYTES)"
+        )
+    if 0 < bound <= pending.oldest_seconds:
+        return (
+            f"its oldest run has waited {pending.oldest_seconds:.1f} s for its commit (limit "
+            f"{bound:g} s, STRATA_MAX_SPOOL_SECONDS): runs arrive faster than they commit"
+        )
     return None

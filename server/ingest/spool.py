@@ -13,6 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,17 @@ import pyarrow.parquet as pq
 
 # A run's file: RUN_PREFIX, its sequence number, .parquet (a file being written is hidden).
 RUN_PREFIX = "run-"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The spool's backlog: the bytes of its files, and the seconds since its oldest run
+    file was written (0 when it holds none): how long the run longest waiting for its
+    commit has waited since this spool took it (a run restored from PostgreSQL, where
+    servers share a database: since its restore; a restart keeps the files and times)."""
+
+    bytes: int
+    oldest_seconds: float
 
 
 class Spool:
@@ -56,34 +68,21 @@ class Spool:
     def remove(self, path: str | Path) -> None:
         Path(path).unlink(missing_ok=True)
 
-    def oldest_seconds(self) -> float:
-        """Seconds since the oldest run file of the spool was written (0 when it holds
-        none): how long the run longest waiting for its commit has waited since this spool
-        took it (a run restored from PostgreSQL, where servers share a database: since
-        its restore; a restart keeps the files and their times)."""
-        now = time.time()
+    def pending(self) -> Pending:
+        """What waits in the spool, from one scan of the directory (one file per run):
+        runs acknowledged and not yet committed, and runs being written."""
+        total, now = 0, time.time()
         oldest = now
         with os.scandir(self.directory) as entries:
             for entry in entries:
-                if not entry.name.startswith(RUN_PREFIX):  # a run being written
-                    continue
                 try:
-                    oldest = min(oldest, entry.stat().st_mtime)
-                except FileNotFoundError:  # committed meanwhile
-                    continue
-        return max(0.0, now - oldest)
-
-    def pending_bytes(self) -> int:
-        """Bytes in the spool: runs acknowledged and not yet committed, and runs being
-        written. A scan of the directory, which holds one file per such run."""
-        total = 0
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                try:
-                    total += entry.stat().st_size
+                    stat = entry.stat()
                 except FileNotFoundError:  # committed (or renamed) meanwhile
                     continue
-        return total
+                total += stat.st_size
+                if entry.name.startswith(RUN_PREFIX):  # not a run being written
+                    oldest = min(oldest, stat.st_mtime)
+        return Pending(total, max(0.0, now - oldest))
 
     def sweep(self, keep: set[str]) -> int:
         """Delete spool files no pending run refers to (left by a crash before the claim).
