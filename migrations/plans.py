@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import psycopg
     from sqlglot import exp
 
-    from rewriter.plan import StreamPlan
+    from rewriter.plan import SerialAggregatePlan, StreamPlan
 
 Plan = TypeVar("Plan", bound="StreamPlan")
 
@@ -133,3 +133,29 @@ def replace_view(driver: psycopg.Connection, name: str, query: exp.Query) -> Non
         replace=True,
     )
     driver.execute(create.sql("postgres"))
+
+
+def serial_view_before_0031(plan: SerialAggregatePlan) -> exp.Query:
+    """The serial stream ``plan``'s view without its branch of the windows awaiting repair
+    (the one that calls their function), as releases before 0031 made it: their function
+    of the windows computed on read computed those too."""
+    import sqlglot
+    from sqlglot import exp
+
+    from rewriter import naming
+
+    function = naming.serial_awaiting_function(plan.name)
+    view = sqlglot.parse_one(plan.view_query, read="postgres")
+    for union in list(view.find_all(exp.Union)):
+        if any(
+            isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function
+            for call in union.expression.find_all(exp.Table)
+        ):
+            kept = union.this
+            if union is view:
+                view = kept
+            else:
+                union.replace(kept)
+            break
+    assert isinstance(view, exp.Query)
+    return view

@@ -168,6 +168,16 @@ def _bounds(stream: exp.Expr) -> exp.Expr:
     )
 
 
+def _until(stream: exp.Expr) -> exp.Expr:
+    """One row: the end of the materialized windows (until)."""
+    # OFFSET 0, as in _bounds.
+    return (
+        exp.select(exp.alias_(exp.func("strata_serial_until", stream), "until"))
+        .offset(0)
+        .subquery("bounds")
+    )
+
+
 def _ranges_of(window: exp.Expr) -> exp.Expr:
     """The aggregate of window starts into a multirange, each start a one-point range."""
     point = exp.func("tstzrange", window, window.copy(), exp.Literal.string("[]"))
@@ -325,6 +335,37 @@ def build_serial(
     return serial_plan(name, window, reason, per_window, tuple(outputs), _and_where, distinct)
 
 
+def _repaired_columns(
+    window: WindowSpec, outputs: tuple[OutputColumn, ...], indexed: tuple[str, ...], start: exp.Expr
+) -> list[exp.Expr]:
+    """The view's columns of a window awaiting repair (its rows as ``live``), those
+    that are the window's start or end, or the source's window column shown as it is
+    (``indexed``: a top-N ranks each window of its source), from the window's ``start``."""
+    end = exp.Add(this=start.copy(), expression=fixed_interval(window.size_us))
+    source = window.source
+    source_time = (
+        source.output(window.time_column) if isinstance(source, WindowedAggregatePlan) else None
+    )
+    shown = end if source_time is not None and source_time.role == "window_end" else start
+    items: list[exp.Expr] = []
+    for output in outputs:
+        value: exp.Expr = exp.column(output.name, table="live", quoted=True)
+        if output.role == naming.WINDOW_START_COLUMN:
+            value = start.copy()
+        elif output.role == naming.WINDOW_END_COLUMN:
+            value = end.copy()
+        elif output.name in indexed and _one_source_window(window):
+            value = shown.copy()
+        items.append(exp.alias_(value, output.name, quoted=True))
+    return items
+
+
+def _one_source_window(window: WindowSpec) -> bool:
+    """Whether each serial window is one window of its (windowed) source."""
+    source = window.source
+    return isinstance(source, WindowedAggregatePlan) and source.window_size_us == window.size_us
+
+
 def serial_plan(
     name: str,
     window: WindowSpec,
@@ -355,14 +396,16 @@ def serial_plan(
         .from_(archive.copy())
         .where(exp.not_(_in_windows(window_column.copy(), corrected.copy())))
     )
-    # Windows not materialized yet, and windows awaiting repair: computed on read, over the
-    # source rows of those windows only. The bounds are read once per query and reach the
-    # source as parameters of a LATERAL subquery, so a range of the source's time column
-    # (an index condition on the source's consolidated table) and not a filter of every
-    # source row: a materialized range never touches the source.
-    # Each branch also has a condition on the bounds alone (see the module docstring):
-    # PostgreSQL checks it once and skips the branch when it is false.
-    bounds = _bounds(stream)
+    # Windows not materialized yet, and windows awaiting repair: computed on read, each kind
+    # by a function, over the source rows of those windows only. The bounds are read once
+    # per query and reach the source as parameters of a LATERAL subquery, so a range of the
+    # source's time column (an index condition on the source's consolidated table) and not
+    # a filter of every source row: a materialized range never touches the source. Each
+    # also has a condition on the bounds alone (see the module docstring): PostgreSQL
+    # checks it once and skips the branch when it is false.
+    # Functions, which PostgreSQL plans once per session: planning them in the view, over
+    # the source's view twice, took three times as long as reading a caught-up archive
+    # (0.49 ms of planning to 0.16 ms of execution, the plain table's read 0.13 ms in all).
     after = exp.column("until", table="bounds")
     reaches = _source_reaches(window, after.copy())
     fresh = restrict(
@@ -382,25 +425,47 @@ def serial_plan(
         *(exp.column(o.name) for o in outputs),
         exp.column(naming.SERIAL_WINDOW_COLUMN),
     ]
-    # Both behind a function, which PostgreSQL plans once per session: planning them in
-    # the view, over the source's view twice, took three times as long as reading a
-    # caught-up archive (0.49 ms of planning to 0.16 ms of execution, the plain table's
-    # read 0.13 ms in all).
     live_function = naming.serial_live_function(name)
     create_live = create_set_function(
-        live_function,
-        archive,
-        exp.union(
-            _lateral(bounds, fresh, per_window_columns),
-            _lateral(bounds, repaired, per_window_columns),
-            distinct=False,
-        ),
+        live_function, archive, _lateral(_until(stream), fresh, per_window_columns)
+    )
+    awaiting_function = naming.serial_awaiting_function(name)
+    create_awaiting = create_set_function(
+        awaiting_function, archive, _lateral(_bounds(stream), repaired, per_window_columns)
+    )
+    # The view joins the windows awaiting repair listed with the function's rows and shows
+    # the window's columns (its start, its end, the source's window column a top-N shows)
+    # from the list, so that a reader's filter on them reaches the list (PostgreSQL pushes
+    # it into the branch): when it keeps none of them, the function is not called (the
+    # join's other side is empty) and a dashboard's hour untouched by late data reads at
+    # caught-up speed. When it keeps some, the function computes every window awaiting
+    # repair, once, as before.
+    awaiting = exp.column("w", table="c")
+    computed = (
+        exp.select(*_repaired_columns(window, outputs, indexed, awaiting))
+        .from_(
+            exp.Unnest(
+                expressions=[corrected.copy()],
+                alias=exp.TableAlias(this=exp.to_identifier("c"), columns=[exp.to_identifier("w")]),
+            )
+        )
+        .join(
+            exp.alias_(function_call(awaiting_function), "live", table=True),
+            on=exp.EQ(
+                this=exp.column(naming.SERIAL_WINDOW_COLUMN, table="live"),
+                expression=awaiting.copy(),
+            ),
+        )
     )
     view: exp.Query = exp.union(
-        archived,
-        exp.select(*(c.copy() for c in columns)).from_(
-            exp.alias_(function_call(live_function), "live", table=True)
+        exp.union(
+            archived,
+            exp.select(*(c.copy() for c in columns)).from_(
+                exp.alias_(function_call(live_function), "live", table=True)
+            ),
+            distinct=False,
         ),
+        computed,
         distinct=False,
     )
     if distinct:
@@ -482,10 +547,12 @@ def serial_plan(
             archive_index,
             *time_indexes,
             create_live,
+            create_awaiting,
             create_view(name, view),
         ),
         drop_statements=(
             drop("VIEW", table(name, naming.PUBLIC_SCHEMA)),
+            drop("FUNCTION", table(awaiting_function)),
             drop("FUNCTION", table(live_function)),
             drop("TABLE", archive.copy()),
         ),

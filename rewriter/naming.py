@@ -200,9 +200,15 @@ def serial_time_index(stream: str, column: str) -> str:
 
 
 def serial_live_function(stream: str) -> str:
-    """Function (in INTERNAL_SCHEMA) computing a serial stream's windows on read: those not
-    materialized yet and those awaiting repair."""
+    """Function (in INTERNAL_SCHEMA) computing a serial stream's windows on read that are
+    not materialized yet."""
     return _function_name("strata_live", stream)
+
+
+def serial_awaiting_function(stream: str) -> str:
+    """Function (in INTERNAL_SCHEMA) computing a serial stream's windows awaiting repair on
+    read."""
+    return _function_name("strata_awaiting", stream)
 
 
 def waiting_windows_function(stream: str) -> str:

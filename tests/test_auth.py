@@ -366,6 +366,7 @@ def test_reader_reads_the_stream_views_and_nothing_else(strata: Strata) -> None:
             "TRUNCATE strata_internal.impsns__raw",
             # The serial view's function, which runs as its owner, called by name.
             f"SELECT * FROM strata_internal.{naming.serial_live_function('impsn_top')}()",
+            f"SELECT * FROM strata_internal.{naming.serial_awaiting_function('impsn_top')}()",
             # The function an aggregate view finds the windows that wait with, the same.
             f"SELECT * FROM strata_internal.{naming.waiting_windows_function('impsn_count')}()",
             "CREATE TABLE public.mine (x int)",

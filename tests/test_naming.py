@@ -206,7 +206,9 @@ def old_database(
                 naming,
                 "fit",
                 lambda name: (
-                    fit(name) if "__reduced" in name or name.startswith("strata_live_") else name
+                    fit(name)
+                    if "__reduced" in name or name.startswith(("strata_live_", "strata_awaiting_"))
+                    else name
                 ),
             )
             # Nor did it grant the reader each view (migration 0010 and its function are

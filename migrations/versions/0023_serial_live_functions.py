@@ -33,7 +33,7 @@ def downgrade() -> None:
     """Views the previous release serves, which it can also drop: each function's body in
     its view's place, as a subquery (the release before planned the same query in the
     view), and the function dropped."""
-    from migrations.plans import replace_calls, stored_plans
+    from migrations.plans import replace_calls, serial_view_before_0031, stored_plans
     from rewriter import naming
     from rewriter.plan import SerialAggregatePlan
 
@@ -49,4 +49,6 @@ def downgrade() -> None:
             continue
         body = sqlglot.parse_one(found[0], read="postgres")
         assert isinstance(body, exp.Query)
-        replace_calls(driver, name, plan.view_query, function, body)
+        # The view as 0023 made it (0031's downgrade, before, put it back).
+        view = serial_view_before_0031(plan).sql("postgres")
+        replace_calls(driver, name, view, function, body)
