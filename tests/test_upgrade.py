@@ -1140,3 +1140,69 @@ def test_aggregate_views_read_their_waiting_windows_from_a_list_after_the_upgrad
     assert all(listed(a) == distinct(a) for a in archives) and exact()
     Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
     assert all(listed(a) == distinct(a) == [] for a in archives) and exact()
+
+
+def test_serial_views_compute_windows_awaiting_repair_in_a_function_of_their_own_after_the_upgrade(
+    strata: Strata,
+) -> None:
+    """0031 gives each serial stream a function of its windows awaiting repair, which its
+    view joins with the windows listed (the function of the windows not materialized yet
+    then computes those only), and replaces its view; its downgrade puts back the one
+    function computing both, the view calling it alone, and drops the new function. Exact
+    throughout (a MAX over COUNT and a top-N), with windows archived, awaiting repair, and
+    not materialized yet; and late again after the upgrade, before and after the repair."""
+    clicks_per_minute(strata, "sr", "sr_minute")
+    strata.create(
+        "CREATE STREAM sr_max AS SELECT max(n) AS top, window_end AS t "
+        "FROM TUMBLE(sr_minute, t, INTERVAL '5 minutes') GROUP BY window_end"
+    )
+    strata.create(
+        "CREATE STREAM sr_top AS SELECT campaign, n, t FROM (SELECT campaign, n, t, "
+        "ROW_NUMBER() OVER (PARTITION BY t ORDER BY n DESC, campaign) AS rn FROM sr_minute) x "
+        "WHERE rn <= 2"
+    )
+    counts = (
+        "SELECT campaign, count(*) AS n, date_bin('1 minute', t, timestamptz 'epoch') AS w "
+        "FROM sr GROUP BY 1, 3"
+    )
+    oracles = {
+        "sr_max": "SELECT max(n), date_bin('5 minutes', w, timestamptz 'epoch') "
+        f"+ interval '5 minutes' FROM ({counts}) c GROUP BY 2",
+        "sr_top": "SELECT campaign, n, w + interval '1 minute' FROM (SELECT campaign, n, w, "
+        "row_number() OVER (PARTITION BY w ORDER BY n DESC, campaign) AS r "
+        f"FROM ({counts}) c) x WHERE r <= 2",
+    }
+    engine, plans = strata.service.engine, strata.service.plans
+    rng = random.Random(31)
+    strata.ingest("sr", clicks(rng, 20))
+    assert sum(Materializer(engine, plans).run_once().values()) > 0
+    strata.ingest("sr", clicks(rng, 25, rows=60))  # late rows, and windows not archived yet
+
+    def exact() -> bool:
+        return all(
+            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(o))
+            for v, o in oracles.items()
+        )
+
+    def joined() -> list[bool]:
+        made = []
+        for view in oracles:
+            function = naming.serial_awaiting_function(view)
+            called = function in strata.query("SELECT pg_get_viewdef(%s::regclass)", view)[0][0]
+            exists = strata.query("SELECT count(*) FROM pg_proc WHERE proname = %s", function)
+            assert called == (exists == [(1,)])
+            made.append(called)
+        return made
+
+    def corrected() -> int:
+        return int(strata.query("SELECT count(*) FROM strata_catalog.corrections")[0][0])
+
+    assert joined() == [True, True] and corrected() > 0 and exact()
+    downgrade_to(engine, "0030")
+    assert joined() == [False, False] and corrected() > 0 and exact()
+    migrate(engine)
+    assert joined() == [True, True] and exact()
+    strata.ingest("sr", clicks(rng, 20, rows=40))  # late again, after the upgrade
+    assert corrected() > 0 and exact()
+    Repairer(engine, plans).run_once()
+    assert corrected() == 0 and exact()
