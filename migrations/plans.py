@@ -136,26 +136,28 @@ def replace_view(driver: psycopg.Connection, name: str, query: exp.Query) -> Non
 
 
 def serial_view_before_0031(plan: SerialAggregatePlan) -> exp.Query:
-    """The serial stream ``plan``'s view without its branch of the windows awaiting repair
-    (the one that calls their function), as releases before 0031 made it: their function
-    of the windows computed on read computed those too."""
+    """The serial stream ``plan``'s view as releases before 0031 made it: its archive's
+    rows, and the rows of one function that computed every window read on read (today's
+    function of the windows not materialized yet, under the same name), where today's view
+    joins each function's rows with the windows listed."""
     import sqlglot
     from sqlglot import exp
 
     from rewriter import naming
+    from rewriter.ddl import function_call
 
-    function = naming.serial_awaiting_function(plan.name)
     view = sqlglot.parse_one(plan.view_query, read="postgres")
-    for union in list(view.find_all(exp.Union)):
-        if any(
-            isinstance(call.this, exp.Anonymous) and call.this.name.lower() == function
-            for call in union.expression.find_all(exp.Table)
-        ):
-            kept = union.this
-            if union is view:
-                view = kept
-            else:
-                union.replace(kept)
-            break
+    branches = view if isinstance(view, exp.Union) else view.find(exp.Union)
+    assert branches is not None
+    archived = branches
+    while isinstance(archived, exp.Union):
+        archived = archived.this
+    assert isinstance(archived, exp.Select)
+    columns = [exp.column(e.alias_or_name, quoted=True) for e in archived.expressions]
+    live = exp.alias_(function_call(naming.serial_live_function(plan.name)), "live", table=True)
+    before = exp.union(archived.copy(), exp.select(*columns).from_(live), distinct=False)
+    if branches is view:
+        return before
+    branches.replace(before)
     assert isinstance(view, exp.Query)
     return view
