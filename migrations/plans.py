@@ -161,3 +161,23 @@ def serial_view_before_0031(plan: SerialAggregatePlan) -> exp.Query:
     branches.replace(before)
     assert isinstance(view, exp.Query)
     return view
+
+
+def function_body(driver: psycopg.Connection, function: str) -> exp.Query | None:
+    """The query the function INTERNAL_SCHEMA.``function`` runs (a plan's function of rows
+    computed on read), None when there is no such function."""
+    import sqlglot
+    from sqlglot import exp
+
+    from rewriter import naming
+
+    found = driver.execute(
+        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s AND p.proname = %s",
+        (naming.INTERNAL_SCHEMA, function),
+    ).fetchone()
+    if found is None:
+        return None
+    body = sqlglot.parse_one(found[0], read="postgres")
+    assert isinstance(body, exp.Query)
+    return body

@@ -13,9 +13,6 @@ Revises: 0022
 
 from __future__ import annotations
 
-import sqlglot
-from sqlglot import exp
-
 revision = "0023"
 down_revision = "0022"
 branch_labels = None
@@ -33,22 +30,21 @@ def downgrade() -> None:
     """Views the previous release serves, which it can also drop: each function's body in
     its view's place, as a subquery (the release before planned the same query in the
     view), and the function dropped."""
-    from migrations.plans import replace_calls, serial_view_before_0031, stored_plans
+    from migrations.plans import (
+        function_body,
+        replace_calls,
+        serial_view_before_0031,
+        stored_plans,
+    )
     from rewriter import naming
     from rewriter.plan import SerialAggregatePlan
 
     driver, plans = stored_plans(SerialAggregatePlan)
     for name, plan in plans.items():
         function = naming.serial_live_function(name)
-        found = driver.execute(
-            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = %s AND p.proname = %s",
-            (naming.INTERNAL_SCHEMA, function),
-        ).fetchone()
-        if found is None:
+        body = function_body(driver, function)
+        if body is None:
             continue
-        body = sqlglot.parse_one(found[0], read="postgres")
-        assert isinstance(body, exp.Query)
         # The view as 0023 made it (0031's downgrade, before, put it back).
         view = serial_view_before_0031(plan).sql("postgres")
         replace_calls(driver, name, view, function, body)

@@ -21,12 +21,6 @@ Revises: 0030
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import psycopg
-    from sqlglot import exp
-
 revision = "0031"
 down_revision = "0030"
 branch_labels = None
@@ -45,6 +39,7 @@ def downgrade() -> None:
     from sqlglot import exp
 
     from migrations.plans import (
+        function_body,
         replace_view,
         serial_view_before_0031,
         stored_plans,
@@ -57,7 +52,7 @@ def downgrade() -> None:
     driver, plans = stored_plans(SerialAggregatePlan)
     for name, plan in plans.items():
         live, awaiting = naming.serial_live_function(name), naming.serial_awaiting_function(name)
-        fresh, repaired = _body(driver, live), _body(driver, awaiting)
+        fresh, repaired = function_body(driver, live), function_body(driver, awaiting)
         if not view_tables_made(driver, plan) or fresh is None or repaired is None:
             continue
         archive = table(naming.serial_archive_table(name))
@@ -69,22 +64,3 @@ def downgrade() -> None:
                 sql.Identifier(naming.INTERNAL_SCHEMA, awaiting)
             )
         )
-
-
-def _body(driver: psycopg.Connection, function: str) -> exp.Query | None:
-    """The query INTERNAL_SCHEMA.``function`` runs, None when there is no such function."""
-    import sqlglot
-    from sqlglot import exp
-
-    from rewriter import naming
-
-    found = driver.execute(
-        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-        "WHERE n.nspname = %s AND p.proname = %s",
-        (naming.INTERNAL_SCHEMA, function),
-    ).fetchone()
-    if found is None:
-        return None
-    body = sqlglot.parse_one(found[0], read="postgres")
-    assert isinstance(body, exp.Query)
-    return body
