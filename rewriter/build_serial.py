@@ -18,6 +18,10 @@ materialized yet only when the source has a window that starts at or after the e
 the materialized ones. Without that, a read while late partial rows wait for the reducer
 would merge every touched window of the source on read only to drop it by the bound on
 the source's time (``window_start + size`` there, which no index of the source serves).
+
+The windows awaiting repair are also joined with their list, from which the view shows
+their window's columns: a reader's filter on those reaches the list, and one that keeps
+none of them (an hour late data did not touch) does not compute them.
 """
 
 from __future__ import annotations
@@ -346,7 +350,8 @@ def _repaired_columns(
     source_time = (
         source.output(window.time_column) if isinstance(source, WindowedAggregatePlan) else None
     )
-    shown = end if source_time is not None and source_time.role == "window_end" else start
+    ends = source_time is not None and source_time.role == naming.WINDOW_END_COLUMN
+    shown = end if ends else start
     items: list[exp.Expr] = []
     for output in outputs:
         value: exp.Expr = exp.column(output.name, table="live", quoted=True)
@@ -379,7 +384,9 @@ def serial_plan(
     """The serial stream whose query per window is ``per_window`` (its columns the
     ``outputs``, then the window's start), over the source's rows as ``src``; ``restrict``
     adds a condition on those rows (where the query reads them). Its archive is indexed
-    on the window start, and on each output ``indexed`` names."""
+    on the window start, and on each output ``indexed`` names (the source's window column
+    shown as it is, which the view shows from the window's start where it computes the
+    window on read)."""
     start = window_start(window)
     archive = table(naming.serial_archive_table(name))
     window_column = exp.column(naming.SERIAL_WINDOW_COLUMN, quoted=True)
