@@ -181,3 +181,47 @@ def function_body(driver: psycopg.Connection, function: str) -> exp.Query | None
     body = sqlglot.parse_one(found[0], read="postgres")
     assert isinstance(body, exp.Query)
     return body
+
+
+def aggregate_view_before_0032(view_query: str) -> str:
+    """An aggregate stream's view query as releases before 0032 made it: the partial rows
+    and states of the waiting windows read from their tables, not window by window from
+    the list of waiting windows (each SELECT that joins a table to the stream's function of
+    waiting windows, as ``w``: the table alone, the window start its own; the states still
+    only of the listed windows, by IN, as then). Other queries are returned as they are."""
+    import sqlglot
+    from sqlglot import exp
+
+    from rewriter import naming
+
+    view = sqlglot.parse_one(view_query, read="postgres")
+    for select in list(view.find_all(exp.Select)):
+        source = select.args.get("from_")
+        joins = select.args.get("joins") or []
+        listed = source.this if source is not None else None
+        if not (
+            isinstance(listed, exp.Table)
+            and isinstance(listed.this, exp.Anonymous)
+            and listed.this.name.lower().startswith("strata_waiting_")
+            and listed.alias == "w"
+            and len(joins) == 1
+        ):
+            continue
+        rows = joins[0].this
+        alias = rows.alias
+        for column in select.find_all(exp.Column):
+            if column.table == "w":
+                column.set("table", exp.to_identifier(alias))
+        select.set("from_", exp.From(this=rows.copy()))
+        select.set("joins", None)
+        if alias == "u":  # the partial rows: every one waits
+            select.set("where", None)
+            continue
+        start = naming.WINDOW_START_COLUMN
+        in_list = exp.In(
+            this=exp.column(start, table=alias),
+            query=exp.select(exp.column(start, table="w")).from_(listed.copy()).subquery(),
+        )
+        where = select.args.get("where")
+        select.set("where", exp.Where(this=exp.and_(where.this, in_list) if where else in_list))
+    return view.sql("postgres")

@@ -201,6 +201,9 @@ def test_an_aggregate_over_a_join_is_a_join_stream_and_an_aggregate_over_it() ->
     assert merged.startswith(
         'select key_0 as "owner", cast(sum(agg_0_sum) as decimal) as "revenue", '
         'window_start + interval \'1 minute\' as "t", window_start as "strata$window_start", '
-        'false as "strata$stored" from (select window_start, key_0, '
-        'agg_0_sum from "strata_internal"."spend__partial"'
+        'false as "strata$stored" from (select w.window_start, u.key_0, u.agg_0_sum from '
+        '"strata_internal".strata_waiting_spend_'
+    )
+    assert 'join "strata_internal"."spend__partial" as u on u.window_start = w.window_start' in (
+        merged
     )

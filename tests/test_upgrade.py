@@ -1206,3 +1206,65 @@ def test_serial_views_compute_windows_awaiting_repair_in_a_function_of_their_own
     assert corrected() > 0 and exact()
     Repairer(engine, plans).run_once()
     assert corrected() == 0 and exact()
+
+
+def test_aggregate_views_read_waiting_windows_by_their_list_after_the_upgrade(
+    strata: Strata,
+) -> None:
+    """0032 makes each aggregate view of tumbling windows read the partial rows and states
+    of its waiting windows window by window from their list: a read of one minute reaches
+    the partial archive through its index, for that minute's rows, where it scanned every
+    partial row and filtered them on ``window_start + interval`` (as after the downgrade).
+    Exact throughout, with windows reduced, waiting, and both."""
+    oracles = per_minute_and_hop(strata, "lw")
+    rng = random.Random(32)
+    reduced_and_late(strata, "lw", rng)
+    archive = "lw_minute__partial"
+
+    def exact() -> bool:
+        return all(
+            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(o))
+            for v, o in oracles.items()
+        )
+
+    def filtered_out(query: str) -> int:
+        """Partial rows ``query`` read from the archive and dropped by a filter."""
+        plan = strata.query(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}")[0][0][0]["Plan"]
+        nodes, dropped = [plan], 0
+        while nodes:
+            node = nodes.pop()
+            nodes += node.get("Plans", [])
+            if node.get("Relation Name") == archive:
+                dropped += int(node.get("Rows Removed by Filter", 0))
+        return dropped
+
+    minute = "lw_minute"
+
+    def minutes_read(scanned: bool) -> None:
+        """A reduced minute with late rows and a minute not reduced yet, each read alone:
+        exact, and the archive's other rows read and dropped (``scanned``) or not."""
+        for k in (5, 25):
+            end = datetime(2025, 5, 1, tzinfo=UTC) + timedelta(minutes=k + 1)
+            waiting = strata.query(
+                f"SELECT count(*) FROM strata_internal.{archive} WHERE window_start = %s",
+                end - timedelta(minutes=1),
+            )[0][0]
+            assert waiting > 0
+            query = f"SELECT * FROM {minute} WHERE t = '{end.isoformat()}'"
+            assert (filtered_out(query) > 0) == scanned, query
+            expected = [r for r in strata.query(oracles[minute]) if r[2] == end]
+            assert expected and sorted(strata.query(query)) == sorted(expected)
+
+    assert exact()
+    minutes_read(scanned=False)
+    downgrade_to(strata.service.engine, "0031")
+    assert exact()
+    minutes_read(scanned=True)
+    migrate(strata.service.engine)
+    assert exact()
+    strata.ingest("lw", clicks(rng, 30))  # late again, after the upgrade
+    assert exact()
+    minutes_read(scanned=False)
+    Reducer(strata.service.engine, strata.service.plans, min_rows=0).run_once()
+    assert strata.query(f"SELECT count(*) FROM strata_internal.{archive}") == [(0,)]
+    assert exact()

@@ -62,6 +62,7 @@ def downgrade() -> None:
     on read, the unreduced ones and the consolidated ones (their states), so they stay
     exact while that release's reducer folds the partial archive alone. The consolidated
     tables stay, with what they held; upgrading again reads them as before."""
+    from migrations.plans import aggregate_view_before_0032
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
     from server.catalog import PlanCache
@@ -71,7 +72,9 @@ def downgrade() -> None:
     assert driver is not None
     for name, record in PlanCache().load(connection, versioned=False).items():
         if isinstance(record.plan, ParallelAggregatePlan):
-            view = sqlglot.parse_one(record.plan.view_query, read="postgres")
+            view = sqlglot.parse_one(
+                aggregate_view_before_0032(record.plan.view_query), read="postgres"
+            )
             # Consolidated rows as they are, then merged ones (since 0027 under a filter, each
             # with the columns it filters on after the outputs).
             union = view if isinstance(view, exp.Union) else view.find(exp.Union)

@@ -33,7 +33,7 @@ def downgrade() -> None:
     """Views the previous release serves, which it can also drop: the function's call in
     each view replaced by what the release before read there, SELECT DISTINCT over the
     partial archive, and the function dropped."""
-    from migrations.plans import replace_calls, stored_plans
+    from migrations.plans import aggregate_view_before_0032, replace_calls, stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
 
@@ -45,4 +45,5 @@ def downgrade() -> None:
             .from_(exp.table_(naming.partial_archive_table(name), db=naming.INTERNAL_SCHEMA))
         )
         function = naming.waiting_windows_function(name)
-        replace_calls(driver, name, plan.view_query, function, distinct)
+        view = aggregate_view_before_0032(plan.view_query)
+        replace_calls(driver, name, view, function, distinct)

@@ -36,14 +36,14 @@ def downgrade() -> None:
     import sqlglot
     from sqlglot import exp
 
-    from migrations.plans import replace_view, stored_plans
+    from migrations.plans import aggregate_view_before_0032, replace_view, stored_plans
     from rewriter import naming
     from rewriter.plan import ParallelAggregatePlan
 
     driver, plans = stored_plans(ParallelAggregatePlan)
     hidden = (naming.VIEW_WINDOW_COLUMN, naming.VIEW_STORED_COLUMN)
     for name, plan in plans.items():
-        view = sqlglot.parse_one(plan.view_query, read="postgres")
+        view = sqlglot.parse_one(aggregate_view_before_0032(plan.view_query), read="postgres")
         union = view.find(exp.Union)
         where = view.args.get("where")
         if union is None or where is None:  # one row without windows and keys: unchanged
