@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import psycopg
     from sqlglot import exp
 
-    from rewriter.plan import SerialAggregatePlan, StreamPlan
+    from rewriter.plan import ParallelAggregatePlan, SerialAggregatePlan, StreamPlan
 
 Plan = TypeVar("Plan", bound="StreamPlan")
 
@@ -183,18 +183,20 @@ def function_body(driver: psycopg.Connection, function: str) -> exp.Query | None
     return body
 
 
-def aggregate_view_before_0032(view_query: str) -> str:
-    """An aggregate stream's view query as releases before 0032 made it: the partial rows
-    and states of the waiting windows read from their tables, not window by window from
-    the list of waiting windows (each SELECT that joins a table to the stream's function of
-    waiting windows, as ``w``: the table alone, the window start its own; the states still
-    only of the listed windows, by IN, as then). Other queries are returned as they are."""
+def aggregate_view_before_0032(plan: ParallelAggregatePlan) -> exp.Query:
+    """The aggregate stream ``plan``'s view query as releases before 0032 made it: the
+    partial rows and states of the waiting windows read from their tables, not window by
+    window from the list of waiting windows (each SELECT that joins a table to the stream's
+    function of waiting windows, as ``w``: the table alone, the window start its own; the
+    states still only of the listed windows, by IN, as then). A view without them is
+    returned as it is."""
     import sqlglot
     from sqlglot import exp
 
     from rewriter import naming
 
-    view = sqlglot.parse_one(view_query, read="postgres")
+    waiting = naming.waiting_windows_function(plan.name)
+    view = sqlglot.parse_one(plan.view_query, read="postgres")
     for select in list(view.find_all(exp.Select)):
         source = select.args.get("from_")
         joins = select.args.get("joins") or []
@@ -202,7 +204,7 @@ def aggregate_view_before_0032(view_query: str) -> str:
         if not (
             isinstance(listed, exp.Table)
             and isinstance(listed.this, exp.Anonymous)
-            and listed.this.name.lower().startswith("strata_waiting_")
+            and listed.this.name.lower() == waiting
             and listed.alias == "w"
             and len(joins) == 1
         ):
@@ -224,4 +226,5 @@ def aggregate_view_before_0032(view_query: str) -> str:
         )
         where = select.args.get("where")
         select.set("where", exp.Where(this=exp.and_(where.this, in_list) if where else in_list))
-    return view.sql("postgres")
+    assert isinstance(view, exp.Query)
+    return view

@@ -195,6 +195,14 @@ def reduced_and_late(strata: Strata, raw: str, rng: random.Random) -> None:
     strata.ingest(raw, clicks(rng, 30))
 
 
+def views_equal_oracles(strata: Strata, oracles: dict[str, str]) -> bool:
+    """Whether each view (by name) holds exactly the rows of its oracle query, now."""
+    return all(
+        sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(o))
+        for v, o in oracles.items()
+    )
+
+
 def downgrade_to(engine: sa.Engine, revision: str) -> None:
     """Run the migrations' downgrades down to ``revision``, on a running server's
     database."""
@@ -1002,10 +1010,7 @@ def test_aggregate_views_read_consolidated_rows_as_a_plain_table_after_the_upgra
         ]
 
     def exact() -> bool:
-        return all(
-            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(oracles[v]))
-            for v in oracles
-        )
+        return views_equal_oracles(strata, oracles)
 
     assert flattened() == [True, True, True] and exact()
     downgrade_to(strata.service.engine, "0026")
@@ -1179,10 +1184,7 @@ def test_serial_views_compute_windows_awaiting_repair_in_a_function_of_their_own
     strata.ingest("sr", clicks(rng, 25, rows=60))  # late rows, and windows not archived yet
 
     def exact() -> bool:
-        return all(
-            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(o))
-            for v, o in oracles.items()
-        )
+        return views_equal_oracles(strata, oracles)
 
     def joined() -> list[bool]:
         made = []
@@ -1222,10 +1224,7 @@ def test_aggregate_views_read_waiting_windows_by_their_list_after_the_upgrade(
     archive = "lw_minute__partial"
 
     def exact() -> bool:
-        return all(
-            sorted(strata.query(f"SELECT * FROM {v}")) == sorted(strata.query(o))
-            for v, o in oracles.items()
-        )
+        return views_equal_oracles(strata, oracles)
 
     def filtered_out(query: str) -> int:
         """Partial rows ``query`` read from the archive and dropped by a filter."""

@@ -72,9 +72,7 @@ def downgrade() -> None:
     assert driver is not None
     for name, record in PlanCache().load(connection, versioned=False).items():
         if isinstance(record.plan, ParallelAggregatePlan):
-            view = sqlglot.parse_one(
-                aggregate_view_before_0032(record.plan.view_query), read="postgres"
-            )
+            view = aggregate_view_before_0032(record.plan)
             # Consolidated rows as they are, then merged ones (since 0027 under a filter, each
             # with the columns it filters on after the outputs).
             union = view if isinstance(view, exp.Union) else view.find(exp.Union)

@@ -45,5 +45,5 @@ def downgrade() -> None:
             .from_(exp.table_(naming.partial_archive_table(name), db=naming.INTERNAL_SCHEMA))
         )
         function = naming.waiting_windows_function(name)
-        view = aggregate_view_before_0032(plan.view_query)
+        view = aggregate_view_before_0032(plan).sql("postgres")
         replace_calls(driver, name, view, function, distinct)

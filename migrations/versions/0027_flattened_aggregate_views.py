@@ -33,7 +33,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Views as the previous release makes them: the filter back in the first branch, on
     its own window start, and the branches without the columns it read."""
-    import sqlglot
     from sqlglot import exp
 
     from migrations.plans import aggregate_view_before_0032, replace_view, stored_plans
@@ -43,7 +42,7 @@ def downgrade() -> None:
     driver, plans = stored_plans(ParallelAggregatePlan)
     hidden = (naming.VIEW_WINDOW_COLUMN, naming.VIEW_STORED_COLUMN)
     for name, plan in plans.items():
-        view = sqlglot.parse_one(aggregate_view_before_0032(plan.view_query), read="postgres")
+        view = aggregate_view_before_0032(plan)
         union = view.find(exp.Union)
         where = view.args.get("where")
         if union is None or where is None:  # one row without windows and keys: unchanged

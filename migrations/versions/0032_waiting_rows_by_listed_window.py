@@ -32,13 +32,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    import sqlglot
-
     from migrations.plans import aggregate_view_before_0032, replace_view, stored_plans
     from rewriter.plan import ParallelAggregatePlan
 
     driver, plans = stored_plans(ParallelAggregatePlan)
     for name, plan in plans.items():
-        before = aggregate_view_before_0032(plan.view_query)
-        if before != plan.view_query:
-            replace_view(driver, name, sqlglot.parse_one(before, read="postgres"))
+        replace_view(driver, name, aggregate_view_before_0032(plan))
