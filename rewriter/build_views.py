@@ -404,8 +404,11 @@ def reduce_statement(
     ``placed`` (the windows' new partial rows) and ``folded`` (their states).
 
     One statement, so one transaction: a view sees the rows before or after, never half.
-    Rows that commit while it runs are not in its snapshot and stay as they are. Whole
-    windows are rewritten, so a window never has two consolidated rows for a group.
+    Rows that commit while it runs are not in its snapshot and stay as they are. What the
+    fold takes out of the consolidated tables is every row of the (window, group) pairs it
+    writes (``_rewritten``), so a window never has two consolidated rows for a group: the
+    pairs of ``placed`` when the stream has keys and nothing else derives rows from whole
+    windows (``also``), else every group of ``placed``'s windows.
     """
     archive = table(naming.partial_archive_table(name))
     start = naming.WINDOW_START_COLUMN
@@ -438,31 +441,11 @@ def reduce_statement(
         ).subquery("placed")
     else:
         placed = exp.table_("gone")
-    changed = exp.alias_(
-        exp.select(exp.column(start)).distinct().from_("placed").subquery(), "changed", table=True
-    )
-
-    def same_window(alias: str) -> exp.Where:
-        return exp.Where(
-            this=exp.EQ(
-                this=exp.column(start, table=alias), expression=exp.column(start, table="changed")
-            )
-        )
-
-    kept = exp.Delete(
-        this=exp.alias_(table(naming.consolidated_states_table(name)), "c", table=True),
-        using=[changed.copy()],
-        where=same_window("c"),
-        returning=exp.Returning(expressions=[exp.column(c, table="c") for c in columns]),
-    )
-    replaced = exp.Delete(
-        this=exp.alias_(table(naming.consolidated_table(name)), "f", table=True),
-        using=[changed.copy()],
-        where=same_window("f"),
-    )
+    by_group = bool(split.keys) and not also
+    kept_steps, replaced_steps = _rewritten(name, split, window, columns, by_group=by_group)
     merged_rows = exp.union(
         exp.select(*(exp.column(c) for c in columns)).from_("placed"),
-        exp.select(*(exp.column(c) for c in columns)).from_("kept"),
+        *(exp.select(*(exp.column(c) for c in columns)).from_(alias) for alias, _ in kept_steps),
         distinct=False,
     ).subquery("merged")
     states = [s for a in split.aggregates for s in a.states]
@@ -505,8 +488,8 @@ def reduce_statement(
         ("targets", targets),
         ("gone", gone),
         ("placed", exp.select(exp.Star()).from_(placed)),
-        ("kept", kept),
-        ("replaced", replaced),
+        *kept_steps,
+        *replaced_steps,
         ("folded", folded),
         ("stored", store_states),
         *_unlisted(archive),
@@ -515,6 +498,111 @@ def reduce_statement(
     for alias, query in ctes:
         statement = statement.with_(alias, as_=query)
     return statement.sql("postgres")
+
+
+def _rewritten(
+    name: str, split: SplitQuery, window: WindowSpec, columns: list[str], *, by_group: bool
+) -> tuple[list[tuple[str, exp.Expr]], list[tuple[str, exp.Expr]]]:
+    """The fold's steps that take out of the consolidated tables what it rewrites: from the
+    states (returning them, to merge with ``placed``) and from the finals.
+
+    Without ``by_group``, every group of ``placed``'s windows, found by the window start.
+    With it, only the (window, group) pairs of ``placed``, found by equality through the
+    indexes (the states' on window start and keys, the finals' on window end and keys):
+    a late run touching five groups of a window of a million rewrites five rows, and a
+    long window receiving runs in order is not rewritten whole at every pass. Equality
+    never matches a NULL key, and comparing keys NULL-safely is a join filter, row by row
+    (a wide window took minutes that way): so a window where ``placed`` has a group with a
+    NULL key is rewritten whole, by the window start, in a step of its own, and the
+    group step leaves it out (each row is taken out by one step)."""
+    start = naming.WINDOW_START_COLUMN
+    keys = [k.column for k in split.keys]
+    states = table(naming.consolidated_states_table(name))
+    finals = table(naming.consolidated_table(name))
+    returning = exp.Returning(expressions=[exp.column(c, table="c") for c in columns])
+    whole = exp.select(exp.column(start)).distinct().from_("placed")
+    if by_group:
+        whole = whole.where(
+            exp.or_(*(exp.Is(this=exp.column(k), expression=exp.Null()) for k in keys))
+        )
+    whole_steps = _taken_out(states, finals, returning, whole.subquery("changed"), [start])
+    if not by_group:
+        return [("kept", whole_steps[0])], [("replaced", whole_steps[1])]
+    null_window = (
+        exp.select(exp.Literal.number(1))
+        .from_(exp.alias_(exp.table_("placed"), "n", table=True))
+        .where(
+            exp.and_(
+                exp.EQ(this=exp.column(start, table="n"), expression=exp.column(start, table="g")),
+                exp.or_(
+                    *(exp.Is(this=exp.column(k, table="n"), expression=exp.Null()) for k in keys)
+                ),
+            )
+        )
+    )
+    groups = (
+        exp.select(*(exp.column(c, table="g") for c in (start, *keys)))
+        .distinct()
+        .from_(exp.alias_(exp.table_("placed"), "g", table=True))
+        .where(exp.Not(this=exp.Exists(this=null_window)))
+    )
+
+    # The finals' index leads with the window end, then the keys (but for the global
+    # window's, on its start and keys).
+    end = None if window.is_global else _window_end(window)
+    group_steps = _taken_out(
+        states, finals, returning, groups.subquery("changed"), [start, *keys], end
+    )
+    return (
+        [("kept", group_steps[0]), ("kept_whole", whole_steps[0])],
+        [("replaced", group_steps[1]), ("replaced_whole", whole_steps[1])],
+    )
+
+
+def _taken_out(
+    states: exp.Table,
+    finals: exp.Table,
+    returning: exp.Returning,
+    changed: exp.Subquery,
+    matched: list[str],
+    end: exp.Expr | None = None,
+) -> tuple[exp.Delete, exp.Delete]:
+    """The deletes of the states (returning them) and of the finals whose columns
+    ``matched`` equal those of ``changed``; a final's window start found by its window end,
+    ``end`` (over the window start), when given."""
+    start = naming.WINDOW_START_COLUMN
+
+    def where(alias: str, by_end: exp.Expr | None) -> exp.Where:
+        conditions: list[exp.Expr] = []
+        for c in matched:
+            if c == start and by_end is not None:
+                at_end = by_end.transform(
+                    lambda n: (
+                        exp.column(n.name, table="changed") if isinstance(n, exp.Column) else n
+                    )
+                )
+                place = exp.column(naming.WINDOW_END_COLUMN, table=alias)
+                conditions.append(exp.EQ(this=place, expression=at_end))
+            else:
+                conditions.append(
+                    exp.EQ(
+                        this=exp.column(c, table=alias), expression=exp.column(c, table="changed")
+                    )
+                )
+        return exp.Where(this=exp.and_(*conditions))
+
+    kept = exp.Delete(
+        this=exp.alias_(states.copy(), "c", table=True),
+        using=[changed.copy()],
+        where=where("c", None),
+        returning=returning.copy(),
+    )
+    replaced = exp.Delete(
+        this=exp.alias_(finals.copy(), "f", table=True),
+        using=[changed.copy()],
+        where=where("f", end),
+    )
+    return kept, replaced
 
 
 def _unlisted(archive: exp.Table) -> list[tuple[str, exp.Expr]]:
