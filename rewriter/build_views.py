@@ -305,7 +305,8 @@ def view_query(name: str, split: SplitQuery, window: WindowSpec) -> exp.Query:
     consolidated table's final values as they are, like a plain table (a filter on the window
     end is an index condition there); windows that also hold unreduced partial rows (late
     data the reducer has not folded yet) merge both on read. Reader and reducer see one
-    snapshot, and the reducer folds whole windows in one statement, so every read is exact.
+    snapshot, and each fold is one statement leaving one consolidated row per window and
+    group, so every read is exact.
 
     The consolidated rows of the windows merged on read are left out by a filter over the
     UNION ALL of both branches, on a window start and a flag each branch carries under the
@@ -520,11 +521,15 @@ def _rewritten(
     states = table(naming.consolidated_states_table(name))
     finals = table(naming.consolidated_table(name))
     returning = exp.Returning(expressions=[exp.column(c, table="c") for c in columns])
+
+    def any_null(alias: str | None = None) -> exp.Expr:
+        return exp.or_(
+            *(exp.Is(this=exp.column(k, table=alias), expression=exp.Null()) for k in keys)
+        )
+
     whole = exp.select(exp.column(start)).distinct().from_("placed")
     if by_group:
-        whole = whole.where(
-            exp.or_(*(exp.Is(this=exp.column(k), expression=exp.Null()) for k in keys))
-        )
+        whole = whole.where(any_null())
     whole_steps = _taken_out(states, finals, returning, whole.subquery("changed"), [start])
     if not by_group:
         return [("kept", whole_steps[0])], [("replaced", whole_steps[1])]
@@ -534,9 +539,7 @@ def _rewritten(
         .where(
             exp.and_(
                 exp.EQ(this=exp.column(start, table="n"), expression=exp.column(start, table="g")),
-                exp.or_(
-                    *(exp.Is(this=exp.column(k, table="n"), expression=exp.Null()) for k in keys)
-                ),
+                any_null("n"),
             )
         )
     )
