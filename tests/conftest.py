@@ -62,6 +62,13 @@ def examples(n: int) -> int:
     return max(n, n * hypothesis_settings.default.max_examples // EXAMPLES_BASE)
 
 
+def plan_nodes(node: dict) -> Iterator[dict]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, ``node`` first (its "Plan")."""
+    yield node
+    for child in node.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
 def with_database(url: str, dbname: str) -> str:
     """`url` (postgresql://...) pointing at database `dbname` instead."""
     return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))

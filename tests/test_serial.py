@@ -9,7 +9,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -23,7 +23,7 @@ from rewriter import naming
 from server import faults
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
-from tests.conftest import Strata, examples
+from tests.conftest import Strata, examples, plan_nodes
 from tests.oracle import SnapshotReader, late, late_runs, with_a_late_run
 from tests.test_reducer import Raising, strictly
 
@@ -280,14 +280,8 @@ def _calls(connection: psycopg.Connection, query: str, function: str) -> int:
     """How many times reading ``query`` ran the function ``function`` (EXPLAIN ANALYZE:
     0 when its node was never executed)."""
     plan = connection.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}").fetchone()[0]  # type: ignore[index]
-
-    def nodes(node: dict) -> Iterator[dict]:
-        yield node
-        for child in node.get("Plans", ()):
-            yield from nodes(child)
-
     loops = [
-        n["Actual Loops"] for n in nodes(plan[0]["Plan"]) if n.get("Function Name") == function
+        n["Actual Loops"] for n in plan_nodes(plan[0]["Plan"]) if n.get("Function Name") == function
     ]
     assert len(loops) == 1, plan
     return int(loops[0])

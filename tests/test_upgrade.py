@@ -41,7 +41,7 @@ from server.workers.backfill import wait_for
 from server.workers.reducer import Reducer
 from server.workers.serial import Materializer, Repairer
 from server.workers.swapper import Swapper
-from tests.conftest import Strata, new_database, strata_client
+from tests.conftest import Strata, new_database, plan_nodes, strata_client
 
 # The head revision of the last release (0.1.0): its data dirs are migrated this far.
 PREVIOUS_RELEASE_HEAD = "0006"
@@ -1229,13 +1229,11 @@ def test_aggregate_views_read_waiting_windows_by_their_list_after_the_upgrade(
     def filtered_out(query: str) -> int:
         """Partial rows ``query`` read from the archive and dropped by a filter."""
         plan = strata.query(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}")[0][0][0]["Plan"]
-        nodes, dropped = [plan], 0
-        while nodes:
-            node = nodes.pop()
-            nodes += node.get("Plans", [])
-            if node.get("Relation Name") == archive:
-                dropped += int(node.get("Rows Removed by Filter", 0))
-        return dropped
+        return sum(
+            int(node.get("Rows Removed by Filter", 0))
+            for node in plan_nodes(plan)
+            if node.get("Relation Name") == archive
+        )
 
     minute = "lw_minute"
 
