@@ -583,6 +583,26 @@ def track_versions(connection: sa.Connection, sources: tuple[str, ...]) -> None:
     )
 
 
+def lock_streams_to_drop(connection: sa.Connection, name: str) -> None:
+    """Lock the catalog rows of ``name`` and of the streams made with it (named
+    ``<name>__...``) FOR UPDATE, in name order, before a DROP takes any of their tables.
+    A worker's step locks its stream's row FOR SHARE first and its tables after
+    (PlanCache.hold): a DROP that took the tables first and the row after deadlocked with
+    a step between the two (seen as a DROP failing while the reducer folded). So the DROP
+    waits for the step in flight, and a step after it finds the stream gone."""
+    connection.execute(
+        sa.select(streams.c.name)
+        .where(
+            sa.or_(
+                streams.c.name == name,
+                streams.c.name.startswith(name + "__", autoescape=True),
+            )
+        )
+        .order_by(streams.c.name)
+        .with_for_update()
+    ).all()
+
+
 def delete_stream(connection: sa.Connection, name: str) -> None:
     """Forget the stream ``name`` (its history of definitions stays: see drop_history)."""
     connection.execute(sa.delete(runs).where(runs.c.stream == name))

@@ -281,6 +281,7 @@ class StrataService:
                     f"stream {name!r} is used by {', '.join(users)}; drop those first"
                 )
             guard_sinks(connection, name)
+            catalog.lock_streams_to_drop(connection, name)
             self._drop(connection, records, name)
             if within is not None:
                 within(connection, name)

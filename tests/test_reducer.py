@@ -17,7 +17,7 @@ import psycopg
 from rewriter import naming
 from rewriter.plan import ParallelAggregatePlan, StreamPlan
 from server.workers.loop import Worker
-from server.workers.reducer import Reducer
+from server.workers.reducer import Reducer, lock_reducer
 from tests.conftest import Strata, plan_nodes
 from tests.oracle import SnapshotReader
 
@@ -751,3 +751,42 @@ def test_a_window_the_fold_cannot_unlist_is_read_exactly_until_a_later_fold_does
     strictly(reducer)
     assert strata.query(LISTED, archive) == []
     _exact(strata, view, oracle)
+
+
+def test_a_drop_waits_for_the_fold_in_flight(strata: Strata) -> None:
+    """A DROP STREAM while the reducer's step holds the stream (its catalog row locked FOR
+    SHARE, PlanCache.hold) and has not yet run its fold: the DROP waits for the fold to
+    commit, then drops the stream. It took the stream's tables first and its catalog row
+    last, so the fold waited for the tables and the DROP for the row: PostgreSQL broke the
+    deadlock by failing the DROP (a 503 "PostgreSQL is unreachable" in the Flink
+    benchmark's Nexmark part)."""
+    _view, _oracle, rows = _minute_stream(strata, "dr")
+    view = "dr_minute"
+    strata.ingest("dr", rows(range(10)))
+    with strata.service.engine.connect() as catalog:
+        plan = strata.service.plans.load(catalog)[view].plan
+    assert isinstance(plan, ParallelAggregatePlan)
+    with strata.service.engine.connect() as connection, connection.begin():
+        # Reducer.step up to its fold.
+        lock_reducer(connection, view)
+        assert strata.service.plans.hold(connection, plan)
+        drop = Raising(lambda: strata.service.drop_stream(view), "drop")
+        drop.start()
+        deadline = time.monotonic() + 30
+        while not strata.query(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ~* %s",
+            r"streams|DROP",
+        ):
+            assert drop.is_alive() and time.monotonic() < deadline, "the DROP never waited"
+            time.sleep(0.02)
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        folded = driver.execute(plan.reduce_statement, {"min_rows": 0, "max_groups": 100})
+        assert folded.rowcount > 0
+    drop.join(timeout=60)
+    drop.reraise()
+    assert strata.client.get(f"/streams/{view}").status_code == 404
+    assert strata.query(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'strata_internal' AND tablename ~ %s",
+        f"^{view}__",
+    ) == [(0,)]
