@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -59,6 +61,8 @@ STATUS: dict[type[StrataError], int] = {
     UnknownSink: 404,
 }
 
+log = logging.getLogger("strata.api")
+
 
 def status_of(error: StrataError) -> int:
     for kind in type(error).__mro__:
@@ -96,9 +100,13 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"error": f"invalid request: {problems}"}, status_code=400)
 
     @app.exception_handler(sa.exc.OperationalError)
-    async def database_unreachable(_request: Request, _error: Exception) -> JSONResponse:
+    async def database_unreachable(request: Request, error: Exception) -> JSONResponse:
         # PostgreSQL is restarting (server/engines/embedded_pg.py's Supervisor) or out of reach. A
-        # run posted now is not acknowledged; posting it again with its run id is safe.
+        # run posted now is not acknowledged; posting it again with its run id is safe. The
+        # server's log says which error it was (a deadlock or a lock timeout is one too).
+        log.warning(
+            "%s %s answered 503: %s", request.method, request.url.path, str(error).splitlines()[0]
+        )
         return JSONResponse(
             {"error": "PostgreSQL is unreachable right now; retry the request"},
             status_code=503,
