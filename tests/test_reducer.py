@@ -663,19 +663,25 @@ def _exact(strata: Strata, view: str, oracle: str) -> None:
     assert got and got == sorted(strata.query(oracle))
 
 
-def _wait_for_blocked_fold(strata: Strata) -> None:
-    """Until a fold's statement waits for a row lock (its snapshot is taken)."""
+def _wait_for_lock_wait(strata: Strata, query: str, failure: str) -> None:
+    """Until a session whose statement is LIKE ``query`` waits for a lock; ``failure``
+    is the assertion's message after 30 s."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         blocked = strata.query(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
             "AND query LIKE %s",
-            "%gone AS (DELETE%",
+            query,
         )
         if blocked[0][0]:
             return
         time.sleep(0.05)
-    raise AssertionError("the fold never waited for the held rows")
+    raise AssertionError(failure)
+
+
+def _wait_for_blocked_fold(strata: Strata) -> None:
+    """Until a fold's statement waits for a row lock (its snapshot is taken)."""
+    _wait_for_lock_wait(strata, "%gone AS (DELETE%", "the fold never waited for the held rows")
 
 
 def test_a_commit_racing_the_fold_keeps_its_window_listed(strata: Strata) -> None:
@@ -772,13 +778,7 @@ def test_a_drop_waits_for_the_fold_in_flight(strata: Strata) -> None:
         assert strata.service.plans.hold(connection, plan)
         drop = Raising(lambda: strata.service.drop_stream(view), "drop")
         drop.start()
-        deadline = time.monotonic() + 30
-        while not strata.query(
-            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ~* %s",
-            r"streams|DROP",
-        ):
-            assert drop.is_alive() and time.monotonic() < deadline, "the DROP never waited"
-            time.sleep(0.02)
+        _wait_for_lock_wait(strata, "%streams%", "the DROP never waited")
         driver = connection.connection.driver_connection
         assert driver is not None
         folded = driver.execute(plan.reduce_statement, {"min_rows": 0, "max_groups": 100})
